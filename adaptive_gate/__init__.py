@@ -1,0 +1,27 @@
+"""adaptive-gate: VRAM-aware admission control for FastAPI/Starlette services that run GPU inference."""
+
+from .control import AIMD, Controller, Fixed
+from .limiter import Limiter, QueueFull, QueueTimeout
+from .memory import MemorySample
+from .middleware import AdaptiveGate
+from .oom import is_oom
+from .probes import CombinedProbe, NvmlProbe, Probe, TorchCudaProbe
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AIMD",
+    "AdaptiveGate",
+    "CombinedProbe",
+    "Controller",
+    "Fixed",
+    "Limiter",
+    "MemorySample",
+    "NvmlProbe",
+    "Probe",
+    "QueueFull",
+    "QueueTimeout",
+    "TorchCudaProbe",
+    "__version__",
+    "is_oom",
+]

@@ -1,0 +1,94 @@
+"""The background loop that reads the memory probe off the event loop.
+
+A probe may raise (no driver, an NVML error) or hang (a wedged driver). Neither may reach the
+service: each call runs in a worker thread under a timeout, on a private one-token thread limiter
+so that a hung call pins one thread of ours, never a token of the pool that sync routes share.
+After a failure the loop waits longer (exponential backoff), and it says what happened through
+`on_error`, so the status can show it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import anyio.to_thread
+
+from .memory import MemorySample
+from .probes import Probe
+
+logger = logging.getLogger("adaptive_gate")
+
+MAX_BACKOFF_S = 5.0
+
+
+class Sampler:
+    def __init__(
+        self,
+        probe_factory: Callable[[], tuple[Probe | None, str]],
+        *,
+        period_s: float,
+        timeout_s: float,
+        on_probe: Callable[[Probe | None, str], None],
+        on_sample: Callable[[MemorySample], None],
+        on_error: Callable[[str], None],
+    ) -> None:
+        self._probe_factory = probe_factory
+        self._period_s = period_s
+        self._timeout_s = timeout_s
+        self._on_probe = on_probe
+        self._on_sample = on_sample
+        self._on_error = on_error
+        self._cancel_scope: anyio.CancelScope | None = None
+        self._stopped = False
+        self.running = False
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    async def run(self) -> None:
+        limiter = anyio.CapacityLimiter(1)
+        self.running = True
+        try:
+            with anyio.CancelScope() as scope:
+                self._cancel_scope = scope
+                if self._stopped:
+                    scope.cancel()
+                probe = await self._start_probe(limiter)
+                if probe is not None:
+                    await self._loop(probe, limiter)
+        finally:
+            self.running = False
+            self._cancel_scope = None
+
+    async def _start_probe(self, limiter: anyio.CapacityLimiter) -> Probe | None:
+        try:
+            probe, description = await anyio.to_thread.run_sync(
+                self._probe_factory, limiter=limiter, abandon_on_cancel=True
+            )
+        except Exception as exc:
+            probe, description = None, f"probe: none, it failed to start: {exc!r}"
+        self._on_probe(probe, description)
+        return probe
+
+    async def _loop(self, probe: Probe, limiter: anyio.CapacityLimiter) -> None:
+        delay_s = self._period_s
+        while True:
+            try:
+                with anyio.fail_after(self._timeout_s):
+                    sample = await anyio.to_thread.run_sync(probe.sample, limiter=limiter, abandon_on_cancel=True)
+                if not isinstance(sample, MemorySample):
+                    raise TypeError(f"probe.sample() returned {type(sample).__name__}, not a MemorySample")
+            except TimeoutError:
+                self._on_error(f"probe.sample() did not answer within {self._timeout_s} s")
+                delay_s = min(MAX_BACKOFF_S, delay_s * 2)
+            except Exception as exc:
+                self._on_error(f"probe.sample() failed: {exc!r}")
+                delay_s = min(MAX_BACKOFF_S, delay_s * 2)
+            else:
+                self._on_sample(sample)
+                delay_s = self._period_s
+            await anyio.sleep(delay_s)

@@ -1,0 +1,371 @@
+"""Controllers: how many gated requests may run at once, learned from what the gate observes.
+
+A controller is arithmetic on events. It never reads a clock, sleeps or does I/O: the gate feeds it
+what happened (a request finished after so many seconds, an out-of-memory error, a memory sample
+taken with so many requests in flight) together with the time, and reads `limit` back. This is what
+lets the simulator in the tests replay hours of traffic in a fraction of a second, exactly.
+
+`AIMD`, the default, combines three bounds and takes the smallest:
+
+* an AIMD limit: +1 per window of `limit` successful requests while there is real demand, a deep
+  multiplicative cut on an out-of-memory error, a gentle one when memory crosses a high watermark;
+* a memory cap, learned online: a running least-squares fit of used memory against requests in
+  flight gives the idle baseline and the bytes each request adds, and so how many fit under
+  `target_utilisation` of the card (the "measure one request's increment" recipe, continuously);
+* `max_limit`.
+
+Latency is used only as a brake on growth (stop where more concurrency no longer buys throughput),
+never as the overload signal: on a GPU, latency is often flat until the memory runs out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .memory import MemorySample
+
+__all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """What the gate needs from a controller. `epoch` counts the cuts made so far."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None: ...
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None: ...
+
+    def on_oom(self, *, now_s: float, epoch: int | None) -> None: ...
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class _Bounds:
+    """`min_limit`/`max_limit` as handed over by the gate, shared by every controller."""
+
+    min_limit = 1
+    max_limit = 1
+    _bound = False
+
+    def _bind_bounds(self, min_limit: int, max_limit: int) -> None:
+        if self._bound and (min_limit, max_limit) != (self.min_limit, self.max_limit):
+            raise RuntimeError(
+                "this controller is already used by another gate with other bounds; give each gate its own"
+            )
+        self.min_limit, self.max_limit, self._bound = min_limit, max_limit, True
+
+    def _clamp(self, value: int) -> int:
+        return max(self.min_limit, min(self.max_limit, value))
+
+
+class Fixed(_Bounds):
+    """A fixed limit: the hand-tuned `Semaphore(N)`, for comparison and for users who know N."""
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"Fixed(limit) needs an int >= 1, got {limit!r}")
+        self._wanted = limit
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def epoch(self) -> int:
+        return 0
+
+    @property
+    def reason(self) -> str:
+        return "fixed"
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        self._bind_bounds(min_limit, max_limit)
+        self._limit = self._clamp(self._wanted)
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None:
+        pass
+
+    def on_oom(self, *, now_s: float, epoch: int | None) -> None:
+        pass
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"controller": "fixed", "bound": "controller"}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    baseline_bytes: float
+    per_request_bytes: float
+    total_bytes: int
+
+
+class MemoryModel:
+    """Fits `used = baseline + per_request * in_flight` online, forgetting old samples.
+
+    Samples are weighted by age with a half-life of `halflife_s`, so the fit follows a baseline
+    that moves (a neighbour process) and requests that grow (bigger inputs). When in-flight barely
+    varies (a saturated gate), the slope cannot be fitted; the last good slope is kept and only the
+    baseline moves to explain what is seen.
+    """
+
+    def __init__(self, *, halflife_s: float = 5.0, min_request_fraction: float = 0.001) -> None:
+        if halflife_s <= 0:
+            raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
+        self._halflife_s = halflife_s
+        self._min_request_fraction = min_request_fraction
+        self._last_s: float | None = None
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._per_request: float | None = None
+        self._baseline: float | None = None
+        self._total_bytes = 0
+        self.samples = 0
+
+    def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
+        if self._last_s is not None:
+            decay = 0.5 ** (max(0.0, now_s - self._last_s) / self._halflife_s)
+            self._w, self._x, self._y = self._w * decay, self._x * decay, self._y * decay
+            self._xx, self._xy = self._xx * decay, self._xy * decay
+        self._last_s = now_s
+        self._total_bytes = total_bytes
+        x, y = float(in_flight), float(used_bytes)
+        self._w += 1.0
+        self._x += x
+        self._y += y
+        self._xx += x * x
+        self._xy += x * y
+        self.samples += 1
+        self._refit()
+
+    def _refit(self) -> None:
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        var_x = self._xx / self._w - mean_x * mean_x
+        # A spread of about a third of a request in the recent window is enough to see the slope.
+        if var_x > 0.1:
+            slope = (self._xy / self._w - mean_x * mean_y) / var_x
+            if slope > self._min_request_fraction * self._total_bytes:
+                self._per_request = slope
+        per_request = self._per_request if self._per_request is not None else 0.0
+        self._baseline = max(0.0, mean_y - per_request * mean_x)
+
+    def estimate(self) -> MemoryEstimate | None:
+        if self._per_request is None or self._baseline is None:
+            return None
+        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes)
+
+    def cap(self, target_utilisation: float) -> int | None:
+        """How many requests fit under `target_utilisation` of the card, or None if not known yet."""
+        est = self.estimate()
+        if est is None:
+            return None
+        room_bytes = target_utilisation * est.total_bytes - est.baseline_bytes
+        return max(0, math.floor(room_bytes / est.per_request_bytes))
+
+
+def _check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not low < value <= high:
+        raise ValueError(f"{name} must be in ({low}, {high}], got {value}")
+    return float(value)
+
+
+class AIMD(_Bounds):
+    """Additive increase, multiplicative decrease, under a learned memory cap.
+
+    Knobs (all keyword arguments):
+
+    * `increase_step=1`: added to the limit after a window of `limit` successes with demand waiting.
+    * `slow_start=True`: until the first cut, add `increase_step` per success instead (the limit
+      doubles per window), so a big card is found in a few windows.
+    * `oom_backoff=0.5`: factor applied on an out-of-memory error, at most once per congestion
+      event (errors from requests admitted before the last cut are counted but do not cut again).
+    * `pressure_backoff=0.9`, `high_watermark=0.95`, `pressure_cooldown_s=1.0`: a gentle cut when a
+      memory sample shows more than `high_watermark` of the card used, at most once per cooldown;
+      no growth while above it.
+    * `target_utilisation=0.9`: the memory cap keeps the expected use under this fraction.
+    * `memory_halflife_s=5.0`: how fast the memory model forgets (follows neighbours and inputs).
+    * `knee_gain=0.5`: growth needs at least this fraction of the ideal throughput gain of one more
+      concurrent request, judged from latency at each concurrency; 0 turns the latency brake off.
+    """
+
+    def __init__(
+        self,
+        *,
+        increase_step: int = 1,
+        slow_start: bool = True,
+        oom_backoff: float = 0.5,
+        pressure_backoff: float = 0.9,
+        high_watermark: float = 0.95,
+        pressure_cooldown_s: float = 1.0,
+        target_utilisation: float = 0.9,
+        memory_halflife_s: float = 5.0,
+        knee_gain: float = 0.5,
+    ) -> None:
+        if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
+            raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
+        self.increase_step = increase_step
+        self.slow_start = bool(slow_start)
+        self.oom_backoff = _check_fraction("oom_backoff", oom_backoff, high=0.99)
+        self.pressure_backoff = _check_fraction("pressure_backoff", pressure_backoff, high=0.99)
+        self.high_watermark = _check_fraction("high_watermark", high_watermark)
+        self.target_utilisation = _check_fraction("target_utilisation", target_utilisation)
+        if pressure_cooldown_s < 0:
+            raise ValueError(f"pressure_cooldown_s must be >= 0, got {pressure_cooldown_s}")
+        self.pressure_cooldown_s = float(pressure_cooldown_s)
+        if not 0.0 <= knee_gain <= 1.0:
+            raise ValueError(f"knee_gain must be in [0, 1], got {knee_gain}")
+        self.knee_gain = float(knee_gain)
+        self.memory = MemoryModel(halflife_s=memory_halflife_s)
+
+        self._aimd_limit = 1
+        self._limit = 1
+        self._epoch = 0
+        self._reason = "start"
+        self._window_successes = 0
+        self._in_slow_start = self.slow_start
+        self._over_watermark = False
+        self._last_pressure_cut_s = -math.inf
+        self._latency_s_by_concurrency: dict[int, float] = {}
+        self.ooms_seen = 0
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        self._bind_bounds(min_limit, max_limit)
+        self._aimd_limit = self._clamp(min_limit if initial_limit is None else initial_limit)
+        self._update("start")
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None:
+        self._record_latency(max(1, concurrency), latency_s)
+        if not demand or self._over_watermark:
+            return
+        if self._aimd_limit > self._limit:
+            return  # another bound holds the limit: growing the AIMD part would only creep
+        self._window_successes += 1
+        window = 1 if self._in_slow_start else self._aimd_limit
+        if self._window_successes < window:
+            return
+        self._window_successes = 0
+        if self._past_knee(self._aimd_limit):
+            self._in_slow_start = False
+            return
+        self._aimd_limit = min(self.max_limit, self._aimd_limit + self.increase_step)
+        self._update("slow start" if self._in_slow_start else "additive increase")
+
+    def on_oom(self, *, now_s: float, epoch: int | None) -> None:
+        self.ooms_seen += 1
+        if epoch is not None and epoch < self._epoch:
+            return  # admitted under a limit that was already cut for this congestion event
+        self._cut(self.oom_backoff, "out of memory")
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+        self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
+        self._over_watermark = sample.utilisation > self.high_watermark
+        if self._over_watermark and now_s - self._last_pressure_cut_s >= self.pressure_cooldown_s:
+            self._last_pressure_cut_s = now_s
+            self._cut(self.pressure_backoff, "memory above high watermark")
+        else:
+            self._update("memory cap")
+
+    def describe(self) -> dict[str, Any]:
+        est = self.memory.estimate()
+        cap = self.memory.cap(self.target_utilisation)
+        return {
+            "controller": "aimd",
+            "bound": self._active_bound(),
+            "aimd_limit": self._aimd_limit,
+            "slow_start": self._in_slow_start,
+            "epoch": self._epoch,
+            "over_watermark": self._over_watermark,
+            "memory_model": None
+            if est is None
+            else {
+                "baseline_bytes": round(est.baseline_bytes),
+                "per_request_bytes": round(est.per_request_bytes),
+                "cap": cap,
+                "target_utilisation": self.target_utilisation,
+                "samples": self.memory.samples,
+            },
+        }
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _memory_cap(self) -> int:
+        cap = self.memory.cap(self.target_utilisation)
+        return self.max_limit if cap is None else max(self.min_limit, cap)
+
+    def _active_bound(self) -> str:
+        cap = self._memory_cap()
+        if self._limit == self._aimd_limit and self._aimd_limit <= cap and self._aimd_limit < self.max_limit:
+            return "controller"
+        if cap < self.max_limit and self._limit == cap:
+            return "memory_cap"
+        return "max_limit"
+
+    def _update(self, reason: str) -> None:
+        new_limit = self._clamp(min(self._aimd_limit, self._memory_cap()))
+        if new_limit != self._limit:
+            self._reason = reason
+            self._limit = new_limit
+
+    def _cut(self, factor: float, reason: str) -> None:
+        current = self._limit
+        cut_to = min(math.floor(current * factor), current - 1)
+        self._aimd_limit = max(self.min_limit, cut_to)
+        self._in_slow_start = False
+        self._window_successes = 0
+        self._epoch += 1
+        self._update(reason)
+
+    def _record_latency(self, concurrency: int, latency_s: float) -> None:
+        previous = self._latency_s_by_concurrency.get(concurrency)
+        self._latency_s_by_concurrency[concurrency] = (
+            latency_s if previous is None else previous + 0.2 * (latency_s - previous)
+        )
+
+    def _past_knee(self, limit: int) -> bool:
+        """Whether running `limit` at once bought less than `knee_gain` of the ideal gain over fewer."""
+        if self.knee_gain <= 0 or limit < 2:
+            return False
+        at_limit = self._latency_s_by_concurrency.get(limit)
+        below = next(
+            (c for c in range(limit - 1, 0, -1) if c in self._latency_s_by_concurrency),
+            None,
+        )
+        if at_limit is None or below is None or at_limit <= 0:
+            return False
+        below_latency_s = self._latency_s_by_concurrency[below]
+        if below_latency_s <= 0:
+            return False
+        gain = (limit / at_limit) / (below / below_latency_s)
+        ideal = limit / below
+        return gain < 1.0 + self.knee_gain * (ideal - 1.0)

@@ -1,0 +1,167 @@
+"""A concurrency limiter whose limit may change at any moment, with a bounded FIFO queue.
+
+Think of it as a counter of slots in use (`in_flight`) and a line of people waiting for one
+(`queued`). Whoever arrives while a slot is free and nobody is waiting walks straight in. Everyone
+else joins the back of the line. When a slot comes back it is handed directly to the person at the
+front of the line, so a newcomer can never overtake somebody who waited. Raising the limit lets the
+front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
+is released, and no new one is handed out until `in_flight` is below the new limit.
+
+Cancellation is where limiters leak: a waiter may be cancelled (a timeout, a client that left)
+after a slot was already handed to it but before it woke up. `leave()` covers that case by passing
+the slot on, so a slot is never lost and never counted twice.
+
+The bookkeeping (`try_acquire`, `join`, `leave`, `release`) is synchronous and does not touch the
+event loop, so it can be checked exhaustively; `acquire` is the thin async layer on top of it.
+`anyio.CapacityLimiter` is not used on purpose: it has over-granted tokens while being resized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import anyio
+
+__all__ = ["Limiter", "LimiterStatistics", "QueueFull", "QueueTimeout", "Waiter"]
+
+
+class QueueFull(Exception):
+    """The waiting line already holds `max_queue` requests."""
+
+
+class QueueTimeout(Exception):
+    """The deadline passed before a slot became free."""
+
+
+@dataclass(frozen=True)
+class LimiterStatistics:
+    limit: int
+    in_flight: int
+    queued: int
+    max_queue: int
+
+
+class Waiter:
+    """One place in the line. `granted` turns true when a slot has been handed over."""
+
+    __slots__ = ("granted", "_event")
+
+    def __init__(self) -> None:
+        self.granted = False
+        self._event: anyio.Event | None = None
+
+    def _wake(self) -> None:
+        self.granted = True
+        if self._event is not None:
+            self._event.set()
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1 so that the gate can always make progress, got {limit}")
+    return limit
+
+
+class Limiter:
+    def __init__(self, limit: int, *, max_queue: int) -> None:
+        self._limit = _check_limit(limit)
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int):
+            raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self._max_queue = max_queue
+        self._in_flight = 0
+        # An OrderedDict gives O(1) append, O(1) pop from the front and O(1) removal from the
+        # middle (a waiter that gives up), which a deque cannot do; 10,000 waiters stay cheap.
+        self._waiters: OrderedDict[Waiter, None] = OrderedDict()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._limit = _check_limit(value)
+        self._hand_over()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    def statistics(self) -> LimiterStatistics:
+        return LimiterStatistics(self._limit, self._in_flight, len(self._waiters), self._max_queue)
+
+    # -- synchronous bookkeeping --------------------------------------------------------------
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody is waiting for it."""
+        if self._waiters or self._in_flight >= self._limit:
+            return False
+        self._in_flight += 1
+        return True
+
+    def join(self) -> Waiter:
+        """Join the back of the line; the slot is handed over later by `release` or a higher limit."""
+        if len(self._waiters) >= self._max_queue:
+            raise QueueFull
+        waiter = Waiter()
+        self._waiters[waiter] = None
+        self._hand_over()
+        return waiter
+
+    def leave(self, waiter: Waiter) -> None:
+        """Give up a place in the line, or the slot if it was handed over meanwhile."""
+        if waiter.granted:
+            self.release()
+        else:
+            self._waiters.pop(waiter, None)
+
+    def release(self) -> None:
+        if self._in_flight <= 0:
+            raise RuntimeError("release() called more times than slots were acquired")
+        self._in_flight -= 1
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self._waiters and self._in_flight < self._limit:
+            waiter, _ = self._waiters.popitem(last=False)
+            self._in_flight += 1
+            waiter._wake()
+
+    # -- async layer ----------------------------------------------------------------------------
+
+    async def acquire(self, timeout_s: float | None = None) -> None:
+        """Wait for a slot, at most `timeout_s` seconds (`None`: no deadline).
+
+        Raises `QueueFull` at once when the line is full, `QueueTimeout` when the deadline passes.
+        Cancelled at any point, it leaves no trace: neither a place in the line nor a slot.
+        """
+        if self.try_acquire():
+            return
+        if timeout_s is not None and timeout_s <= 0:
+            raise QueueTimeout
+        waiter = self.join()
+        if waiter.granted:
+            return
+        waiter._event = anyio.Event()
+        try:
+            with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
+                await waiter._event.wait()
+        except BaseException:
+            self.leave(waiter)
+            raise
+        if not waiter.granted:
+            self.leave(waiter)
+            raise QueueTimeout

@@ -1,0 +1,538 @@
+"""`AdaptiveGate`: admission control in front of the routes that use the GPU.
+
+Gated requests take a slot from the limiter before they reach the application and hold it until
+the last byte of their response is sent. Requests that find no free slot wait in a FIFO queue
+until their deadline; while they wait the gate keeps reading `receive()`, so a client that leaves
+gives up its place at once, and the body messages read meanwhile are replayed to the application.
+Whatever cannot be served is answered `503` (or `429`) with a `Retry-After` in whole seconds.
+
+What happens to each request (its latency, an out-of-memory error) and what the probe reads goes
+to the controller, and the controller's limit goes back to the limiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections import deque
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._routes import RouteTable, normalise_tag
+from ._sampler import Sampler
+from .control import AIMD, Controller
+from .limiter import Limiter, QueueFull, QueueTimeout
+from .memory import MemorySample
+from .oom import is_oom
+from .probes import Probe, auto_probe
+from .status import Counters, LimitChange, ProbeState, RecentValues, render_json, status_document
+
+__all__ = ["AdaptiveGate"]
+
+logger = logging.getLogger("adaptive_gate")
+
+DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
+MAX_BUFFERED_BODY_BYTES = 1 << 20
+MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
+    return float(value)
+
+
+class _Slot:
+    """One admitted request's hold on the limiter; given back exactly once, whatever happens."""
+
+    __slots__ = ("gate", "admitted_s", "epoch", "released", "informative")
+
+    def __init__(self, gate: AdaptiveGate, epoch: int) -> None:
+        self.gate = gate
+        self.admitted_s = time.monotonic()
+        self.epoch = epoch
+        self.released = False
+        # A 4xx/5xx answer says nothing about capacity: it gives the controller no latency sample.
+        self.informative = True
+
+    def release(self, *, success: bool) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.gate._on_release(self, success=success)
+
+
+class AdaptiveGate:
+    """Pure ASGI middleware: `app.add_middleware(AdaptiveGate, **options)`.
+
+    Options keep the meaning given in the README; see there for defaults and units.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tag: str | None = "gpu",
+        initial_limit: int | None = None,
+        min_limit: int = 1,
+        max_limit: int = 64,
+        max_queue: int = 128,
+        queue_timeout: float = 30.0,
+        probe: Probe | str | None = "auto",
+        controller: Controller | None = None,
+        status_path: str | None = "/gate/status",
+        reject_status: int = 503,
+        max_retry_after: int = 60,
+        sample_period: float = 0.1,
+        probe_timeout: float = 1.0,
+    ) -> None:
+        self.app = app
+        self.tag = None if tag is None else normalise_tag(tag)
+        self.min_limit = _check_int("min_limit", min_limit, 1)
+        self.max_limit = _check_int("max_limit", max_limit, self.min_limit)
+        if initial_limit is not None:
+            _check_int("initial_limit", initial_limit, self.min_limit, self.max_limit)
+        _check_int("max_queue", max_queue, 0)
+        self.queue_timeout_s = _check_seconds("queue_timeout", queue_timeout)
+        if reject_status not in (429, 503):
+            raise ValueError(f"reject_status must be 503 or 429, got {reject_status!r}")
+        self.reject_status = reject_status
+        self.max_retry_after_s = _check_int("max_retry_after", max_retry_after, 1)
+        self.sample_period_s = _check_seconds("sample_period", sample_period, allow_zero=False)
+        self.probe_timeout_s = _check_seconds("probe_timeout", probe_timeout, allow_zero=False)
+        if status_path is not None and not (isinstance(status_path, str) and status_path.startswith("/")):
+            raise ValueError(f"status_path must be a path starting with '/' or None, got {status_path!r}")
+        self.status_path = status_path
+        self._probe_option = self._check_probe(probe)
+
+        if controller is None:
+            controller = AIMD()
+        elif not isinstance(controller, Controller):
+            raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
+        controller.bind(min_limit=self.min_limit, max_limit=self.max_limit, initial_limit=initial_limit)
+        self.controller = controller
+        self.limiter = Limiter(controller.limit, max_queue=max_queue)
+
+        self.counters = Counters()
+        self.queue_wait_s = RecentValues()
+        self.service_s = RecentValues()
+        self.limit_changes: deque[LimitChange] = deque(maxlen=32)
+        self.probe_state = ProbeState(description="not started")
+        self._routes = RouteTable(self.tag)
+        self._sampler: Sampler | None = None
+        self._sampler_task: asyncio.Task[None] | None = None
+        self._ooms_from_errors = 0
+        self._ooms_from_probe_counted = 0
+        self._probe_oom_start: int | None = None
+        self._probe_oom_epoch = 0
+        self._thread_pool_tokens: float | None = None
+        self._warned_thread_pool = False
+
+    @staticmethod
+    def _check_probe(probe: object) -> object:
+        if probe is None or probe == "auto":
+            return probe
+        if isinstance(probe, str):
+            raise ValueError(f"probe must be 'auto', None or an object with sample(), got {probe!r}")
+        if not callable(getattr(probe, "sample", None)):
+            raise TypeError(f"probe must have a sample() method returning a MemorySample, got {probe!r}")
+        return probe
+
+    # -- ASGI -----------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if (
+            self.status_path is not None
+            and scope["method"] in ("GET", "HEAD")
+            and self._route_path(scope) == (self.status_path)
+        ):
+            await self._send_json(send, 200, self.status(), head=scope["method"] == "HEAD")
+            return
+        if not self._routes.is_gated(scope):
+            await self.app(scope, receive, send)
+            return
+        if self._sampler is None:
+            self._start_sampler_without_lifespan()
+        await self._gated(scope, receive, send)
+
+    @staticmethod
+    def _route_path(scope: Scope) -> str:
+        path: str = scope["path"]
+        root_path: str = scope.get("root_path", "")
+        if root_path and path.startswith(root_path):
+            return path[len(root_path) :] or "/"
+        return path
+
+    async def _gated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived_s = time.monotonic()
+        if not self.limiter.try_acquire():
+            waited = await self._wait_for_slot(scope, receive, send, arrived_s)
+            if waited is None:
+                return
+            receive = waited
+        self.counters.admitted += 1
+        self.queue_wait_s.add(time.monotonic() - arrived_s)
+        slot = _Slot(self, self.controller.epoch)
+        response_started = False
+
+        async def send_and_release(message: Message) -> None:
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                slot.informative = message["status"] < 400
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                slot.release(success=slot.informative)
+
+        out_of_memory = False
+        try:
+            await self.app(scope, receive, send_and_release)
+        except Exception as exc:
+            if not is_oom(exc):
+                self.counters.errors += 1
+                raise
+            self._record_oom(slot.epoch)
+            if response_started:
+                raise  # mid-stream: the status line is gone, the server must close the connection
+            out_of_memory = True
+        finally:
+            slot.release(success=False)
+        if out_of_memory:
+            logger.warning(
+                "adaptive_gate: out of memory in %s %s, answered %d", scope["method"], scope["path"], self.reject_status
+            )
+            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+
+    async def _wait_for_slot(self, scope: Scope, receive: Receive, send: Send, arrived_s: float) -> Receive | None:
+        """Queue for a slot. Returns the `receive` the app must use, or None when already answered."""
+        timeout_s = self._deadline_s(scope)
+        if self.limiter.queued >= self.limiter.max_queue:
+            await self._reject(send, "queue_full", "too many requests are waiting for the GPU")
+            return None
+        estimate_s = self._estimated_wait_s(self.limiter.queued)
+        if estimate_s is not None and estimate_s > timeout_s:
+            await self._reject(send, "deadline", "the expected wait is longer than the request's deadline")
+            return None
+
+        listener = _QueueListener(receive)
+        outcome = "cancelled"
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(listener.listen, task_group.cancel_scope)
+            try:
+                await self.limiter.acquire(timeout_s)
+                outcome = "granted"
+            except QueueTimeout:
+                outcome = "timeout"
+            except QueueFull:
+                outcome = "queue_full"
+            task_group.cancel_scope.cancel()
+        if listener.disconnected:
+            # The client left while waiting: the cancelled wait gave its place (or slot) back. If
+            # the slot came in the same instant, it is ours, and goes back here.
+            if outcome == "granted":
+                self.limiter.release()
+            self.counters.left_queue += 1
+            return None
+        if outcome == "timeout":
+            self.counters.timed_out += 1
+            await self._reject(send, "deadline", "no GPU slot became free before the request's deadline")
+            return None
+        if outcome == "queue_full":
+            await self._reject(send, "queue_full", "too many requests are waiting for the GPU")
+            return None
+        return listener.replay
+
+    def _deadline_s(self, scope: Scope) -> float:
+        """Seconds this request may wait: `queue_timeout`, or sooner if the proxy says so."""
+        for name, value in scope["headers"]:
+            if name == DEADLINE_HEADER:
+                try:
+                    client_s = int(value) / 1000
+                except ValueError:
+                    break  # malformed: ignored, never a 500
+                if client_s >= 0:
+                    return min(self.queue_timeout_s, client_s)
+                break
+        return self.queue_timeout_s
+
+    # -- bookkeeping on the event loop ----------------------------------------------------------
+
+    def _on_release(self, slot: _Slot, *, success: bool) -> None:
+        now_s = time.monotonic()
+        in_flight = self.limiter.in_flight
+        self.limiter.release()
+        if not success:
+            return
+        latency_s = now_s - slot.admitted_s
+        self.counters.completed += 1
+        self.service_s.add(latency_s)
+        demand = self.limiter.queued > 0 or in_flight >= self.limiter.limit
+        self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=in_flight, demand=demand)
+        self._apply_limit()
+
+    def _record_oom(self, epoch: int) -> None:
+        self.counters.ooms += 1
+        self._ooms_from_errors += 1
+        self.controller.on_oom(now_s=time.monotonic(), epoch=epoch)
+        self._apply_limit()
+
+    def _on_sample(self, sample: MemorySample) -> None:
+        now_s = time.monotonic()
+        self.probe_state.last_sample = sample
+        self.probe_state.last_error = None
+        self.probe_state.consecutive_errors = 0
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
+        self._count_swallowed_ooms(sample, now_s)
+        self._apply_limit()
+
+    def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
+        """OOMs the application caught itself show only in the probe's cumulative count."""
+        if sample.oom_count is None:
+            return
+        if self._probe_oom_start is None:
+            self._probe_oom_start = sample.oom_count - self._ooms_from_errors
+        unseen = sample.oom_count - self._probe_oom_start - self._ooms_from_errors - self._ooms_from_probe_counted
+        if unseen > 0:
+            self._ooms_from_probe_counted += unseen
+            self.counters.ooms += unseen
+            # Cut at most once for what happened since the previous sample.
+            self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch)
+        self._probe_oom_epoch = self.controller.epoch
+
+    def _on_probe_error(self, message: str) -> None:
+        self.probe_state.errors += 1
+        self.probe_state.consecutive_errors += 1
+        if self.probe_state.last_error != message:
+            logger.warning("adaptive_gate: %s; serving on OOM and latency signals meanwhile", message)
+        self.probe_state.last_error = message
+
+    def _on_probe(self, probe: Probe | None, description: str) -> None:
+        self.probe_state.description = description or f"probe: {probe!r}"
+        self.probe_state.simulated = type(probe).__name__ == "SimulatedGPU"
+        logger.info("adaptive_gate: %s", self.probe_state.description)
+
+    def _apply_limit(self) -> None:
+        new_limit = self.controller.limit
+        old_limit = self.limiter.limit
+        if new_limit == old_limit:
+            return
+        self.limiter.limit = new_limit
+        reason = self.controller.reason
+        self.limit_changes.append(LimitChange(round(time.time(), 3), old_limit, new_limit, reason))
+        logger.info("adaptive_gate: limit %d -> %d (%s)", old_limit, new_limit, reason)
+        self._warn_thread_pool(new_limit)
+
+    # -- answers --------------------------------------------------------------------------------
+
+    def _estimated_wait_s(self, ahead: int) -> float | None:
+        mean_service_s = self.service_s.mean()
+        if mean_service_s is None:
+            return None
+        return (ahead + 1) * mean_service_s / self.limiter.limit
+
+    def _retry_after_s(self) -> int:
+        estimate_s = self._estimated_wait_s(self.limiter.queued)
+        if estimate_s is None:
+            estimate_s = MAX_REQUEST_SECONDS_ASSUMED
+        # Jitter, so that the clients turned away together do not all come back together.
+        estimate_s += random.uniform(0.0, 0.5 + 0.25 * estimate_s)
+        return max(1, min(self.max_retry_after_s, math.ceil(estimate_s)))
+
+    async def _reject(self, send: Send, reason: str, detail: str) -> None:
+        self.counters.reject(reason)
+        retry_after_s = self._retry_after_s()
+        body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
+        await self._send_json(send, self.reject_status, body, headers=[(b"retry-after", str(retry_after_s).encode())])
+
+    @staticmethod
+    async def _send_json(
+        send: Send,
+        status: int,
+        document: dict[str, Any],
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        head: bool = False,
+    ) -> None:
+        body = render_json(document)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                    *(headers or []),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"" if head else body})
+
+    def status(self) -> dict[str, Any]:
+        """The document served at `status_path`."""
+        self.probe_state.running = self._sampler is not None and self._sampler.running
+        return status_document(
+            limiter=self.limiter.statistics(),
+            min_limit=self.min_limit,
+            max_limit=self.max_limit,
+            counters=self.counters,
+            queue_wait_s=self.queue_wait_s,
+            service_s=self.service_s,
+            probe=self.probe_state,
+            changes=self.limit_changes,
+            controller=self.controller.describe(),
+            options={
+                "tag": self.tag,
+                "max_queue": self.limiter.max_queue,
+                "queue_timeout_s": self.queue_timeout_s,
+                "reject_status": self.reject_status,
+                "max_retry_after_s": self.max_retry_after_s,
+                "sample_period_s": self.sample_period_s,
+                "probe_timeout_s": self.probe_timeout_s,
+                "status_path": self.status_path,
+            },
+        )
+
+    # -- the sampler's life ---------------------------------------------------------------------
+
+    def _make_sampler(self) -> Sampler | None:
+        if self._probe_option is None:
+            self.probe_state.description = "probe: none (probe=None), the gate runs on OOM and latency signals"
+            return None
+        self._sampler = Sampler(
+            self._resolve_probe,
+            period_s=self.sample_period_s,
+            timeout_s=self.probe_timeout_s,
+            on_probe=self._on_probe,
+            on_sample=self._on_sample,
+            on_error=self._on_probe_error,
+        )
+        return self._sampler
+
+    def _resolve_probe(self) -> tuple[Probe | None, str]:
+        if self._probe_option == "auto":
+            return auto_probe()
+        probe: Probe = self._probe_option  # type: ignore[assignment]
+        return probe, f"probe: {probe!r}"
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._read_thread_pool()
+        sampler = self._sampler or self._make_sampler()
+
+        async def receive_and_watch() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and sampler is not None:
+                sampler.stop()
+            return message
+
+        error: Exception | None = None
+        async with anyio.create_task_group() as task_group:
+            if sampler is not None and not sampler.running:
+                task_group.start_soon(sampler.run)
+            try:
+                await self.app(scope, receive_and_watch, send)
+            except Exception as exc:  # re-raised below, unwrapped by the task group
+                error = exc
+            if sampler is not None:
+                sampler.stop()
+        if error is not None:
+            raise error
+
+    def _start_sampler_without_lifespan(self) -> None:
+        """No lifespan ran (httpx ASGITransport, some servers): start sampling at the first request."""
+        if self._sampler is not None or self._probe_option is None:
+            return
+        self._read_thread_pool()
+        sampler = self._make_sampler()
+        if sampler is None:
+            return
+        if not _on_asyncio():
+            self.probe_state.description = "probe: not sampled, no lifespan ran and the loop is not asyncio"
+            return
+        self._sampler_task = asyncio.get_running_loop().create_task(sampler.run())
+
+    async def aclose(self) -> None:
+        """Stop sampling started without a lifespan (for tests and embedders)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self._sampler_task is not None:
+            await asyncio.wait([self._sampler_task])
+            self._sampler_task = None
+
+    def _read_thread_pool(self) -> None:
+        if self._thread_pool_tokens is None:
+            try:
+                self._thread_pool_tokens = anyio.to_thread.current_default_thread_limiter().total_tokens
+            except Exception:  # no running loop anyio knows: nothing to compare against
+                self._thread_pool_tokens = None
+
+    def _warn_thread_pool(self, limit: int) -> None:
+        tokens = self._thread_pool_tokens
+        if tokens is None or limit <= tokens or self._warned_thread_pool:
+            return
+        self._warned_thread_pool = True
+        logger.warning(
+            "adaptive_gate: the limit reached %d but sync routes share a thread pool of %d tokens, so at most %d "
+            "of them run at once; raise anyio.to_thread.current_default_thread_limiter().total_tokens "
+            "if the GPU holds more",
+            limit,
+            tokens,
+            tokens,
+        )
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _QueueListener:
+    """Reads `receive()` while a request waits: notices a disconnect, keeps the body for the app."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._buffered: deque[Message] = deque()
+        self.disconnected = False
+
+    async def listen(self, cancel_scope: anyio.CancelScope) -> None:
+        buffered_bytes = 0
+        while buffered_bytes <= MAX_BUFFERED_BODY_BYTES:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                cancel_scope.cancel()
+                return
+            self._buffered.append(message)
+            buffered_bytes += len(message.get("body", b""))
+        # Past the bound we stop reading: the transport's flow control holds the rest back.
+
+    async def replay(self) -> Message:
+        if self._buffered:
+            return self._buffered.popleft()
+        return await self._receive()

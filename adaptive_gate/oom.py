@@ -1,0 +1,65 @@
+"""Recognising out-of-memory errors from GPU frameworks without importing any of them.
+
+Frameworks disagree on how an OOM looks: PyTorch raises `torch.OutOfMemoryError` (a
+`RuntimeError`) from its allocator and `torch.AcceleratorError("CUDA error: out of memory")` from
+the runtime; CuPy has its own `OutOfMemoryError`; JAX/XLA says `RESOURCE_EXHAUSTED`; ONNX Runtime
+says "Failed to allocate memory". Importing them to use `isinstance` would drag gigabytes into a
+service that uses one of them, so we match by class name and message instead, through
+`__cause__`/`__context__` chains and exception groups (anyio task groups wrap endpoint errors).
+
+The caller must not keep the exception: a live OOM exception pins its frames, and with them the
+very GPU tensors whose memory ran out.
+"""
+
+from __future__ import annotations
+
+_OOM_CLASS_NAMES = frozenset({"OutOfMemoryError", "OutOfMemory"})
+
+_OOM_MESSAGES = (
+    "cuda out of memory",  # torch allocator
+    "cuda error: out of memory",  # torch/CUDA runtime
+    "hip out of memory",  # torch on ROCm
+    "mps backend out of memory",  # torch on Apple
+    "xpu out of memory",  # torch on Intel
+    "resource_exhausted",  # JAX / XLA
+    "failed to allocate memory",  # ONNX Runtime
+    "cudaerrormemoryallocation",  # ONNX Runtime, CUDA runtime names
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "out of memory allocating",  # CuPy
+)
+
+_MAX_EXCEPTIONS_VISITED = 64
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from or groups, is a device out-of-memory."""
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending and len(seen) < _MAX_EXCEPTIONS_VISITED:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if _looks_like_oom(current):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+        if current.__context__ is not None:
+            pending.append(current.__context__)
+    return False
+
+
+def _looks_like_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        # Host memory: not a device event, the GPU limit must not react to it.
+        return False
+    if any(cls.__name__ in _OOM_CLASS_NAMES for cls in type(exc).__mro__):
+        return True
+    try:
+        message = str(exc).lower()
+    except Exception:  # a broken __str__ must not turn a request into a crash
+        return False
+    return any(marker in message for marker in _OOM_MESSAGES)

@@ -1,0 +1,203 @@
+"""Probes: where memory readings come from (NVML, torch.cuda, both), and how a device is chosen.
+
+A probe is any object with `sample() -> MemorySample`. The gate calls it from a worker thread, so a
+probe may block, but it should be quick (NVML's memory query costs microseconds).
+
+Device identity is the trap here. CUDA numbers devices fastest-first by default and after
+`CUDA_VISIBLE_DEVICES`; NVML numbers them in PCI bus order. So a CUDA device is mapped to NVML by
+UUID (or PCI bus id), never by index. And NVML counts memory that PyTorch's allocator keeps cached
+but free as used: when both sources are at hand, that cache is subtracted so the gate does not
+read the allocator's reserve as pressure.
+
+`nvidia-ml-py` (module `pynvml`) and torch are imported lazily: the core needs neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Protocol, runtime_checkable
+
+from .memory import MemorySample
+
+__all__ = ["CombinedProbe", "NvmlProbe", "Probe", "TorchCudaProbe", "auto_probe"]
+
+logger = logging.getLogger("adaptive_gate")
+
+
+@runtime_checkable
+class Probe(Protocol):
+    def sample(self) -> MemorySample: ...
+
+
+class ProbeUnavailable(RuntimeError):
+    """The probe's library or device is not there."""
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise ProbeUnavailable("nvidia-ml-py is not installed (pip install 'adaptive-gate[nvml]')") from exc
+    return pynvml
+
+
+def _as_text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlProbe:
+    """Memory of one device as NVML sees it: every process's use, not only ours.
+
+    `device` is an NVML index (PCI bus order), a UUID (`GPU-...`, `MIG-...`, or the bare hex that
+    torch reports), or a PCI bus id (`00000000:01:00.0`).
+    """
+
+    def __init__(self, device: int | str = 0) -> None:
+        self._pynvml = _nvml()
+        try:
+            self._pynvml.nvmlInit()
+        except Exception as exc:
+            raise ProbeUnavailable(f"NVML could not start: {exc}") from exc
+        self._handle = self._find(device)
+        self.device = device
+        self.name = _as_text(self._pynvml.nvmlDeviceGetName(self._handle))
+        self.uuid = _as_text(self._pynvml.nvmlDeviceGetUUID(self._handle))
+        self._v2 = True
+
+    def _find(self, device: int | str) -> Any:
+        nvml = self._pynvml
+        if isinstance(device, int):
+            return nvml.nvmlDeviceGetHandleByIndex(device)
+        text = device.strip()
+        if text.count(":") >= 2:
+            return nvml.nvmlDeviceGetHandleByPciBusId(text)
+        if not text.upper().startswith(("GPU-", "MIG-")):
+            text = "GPU-" + text
+        return nvml.nvmlDeviceGetHandleByUUID(text)
+
+    def memory_info(self) -> tuple[int, int, int | None]:
+        """(used, total, reserved-by-driver or None): v2 where the driver has it, else v1."""
+        nvml = self._pynvml
+        if self._v2 and hasattr(nvml, "nvmlMemory_v2"):
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(self._handle, version=nvml.nvmlMemory_v2)
+                return int(info.used), int(info.total), int(info.reserved)
+            except Exception:
+                self._v2 = False  # an older driver: remember, and use v1 from now on
+        info = nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        return int(info.used), int(info.total), None
+
+    def sample(self) -> MemorySample:
+        used, total, _ = self.memory_info()
+        return MemorySample(used_bytes=used, total_bytes=total)
+
+    def process_count(self) -> int:
+        return len(self._pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle))
+
+    def __repr__(self) -> str:
+        return f"NvmlProbe({self.name!r}, uuid={self.uuid!r})"
+
+
+class TorchCudaProbe:
+    """Memory as this process's PyTorch sees it: free/total on the card, and its allocator's stats."""
+
+    def __init__(self, device: int = 0) -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise ProbeUnavailable("torch is not installed") from exc
+        if not torch.cuda.is_available():
+            raise ProbeUnavailable("torch.cuda.is_available() is False")
+        self._torch = torch
+        self.device = device
+
+    def allocator_stats(self) -> tuple[int, int, int]:
+        """(allocated, reserved, num_ooms). Reading the stats creates no CUDA context."""
+        stats = self._torch.cuda.memory_stats(self.device)
+        return (
+            int(stats.get("allocated_bytes.all.current", 0)),
+            int(stats.get("reserved_bytes.all.current", 0)),
+            int(stats.get("num_ooms", 0)),
+        )
+
+    def uuid(self) -> str:
+        return str(self._torch.cuda.get_device_properties(self.device).uuid)
+
+    def sample(self) -> MemorySample:
+        free, total = self._torch.cuda.mem_get_info(self.device)
+        allocated, reserved, ooms = self.allocator_stats()
+        used = max(0, int(total - free) - (reserved - allocated))
+        return MemorySample(used_bytes=used, total_bytes=int(total), oom_count=ooms)
+
+    def __repr__(self) -> str:
+        return f"TorchCudaProbe(cuda:{self.device})"
+
+
+class CombinedProbe:
+    """NVML for the whole card, PyTorch for what its cache holds back and for swallowed OOMs."""
+
+    def __init__(self, nvml: NvmlProbe, torch_probe: TorchCudaProbe) -> None:
+        self.nvml = nvml
+        self.torch = torch_probe
+
+    def sample(self) -> MemorySample:
+        used, total, _ = self.nvml.memory_info()
+        allocated, reserved, ooms = self.torch.allocator_stats()
+        return MemorySample(used_bytes=max(0, used - (reserved - allocated)), total_bytes=total, oom_count=ooms)
+
+    def __repr__(self) -> str:
+        return f"CombinedProbe({self.nvml!r}, {self.torch!r})"
+
+
+def _cuda_visible_first() -> str | None:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    first = visible.split(",")[0].strip()
+    return first or None
+
+
+def auto_probe(cuda_device: int = 0) -> tuple[Probe | None, str]:
+    """Pick NVML (with torch's allocator stats where torch is loaded), else torch.cuda, else none.
+
+    Returns the probe and one line saying what was picked and why. torch is used only when the
+    application has already imported it: a probe must not load a framework into the process.
+    """
+    torch_probe: TorchCudaProbe | None = None
+    torch_why = "torch not imported by the application"
+    if "torch" in sys.modules:
+        try:
+            torch_probe = TorchCudaProbe(cuda_device)
+        except Exception as exc:
+            torch_why = str(exc)
+    try:
+        nvml = NvmlProbe(_nvml_device_for(cuda_device, torch_probe))
+    except Exception as exc:
+        if torch_probe is not None:
+            return torch_probe, f"probe: torch.cuda on cuda:{cuda_device} (NVML unavailable: {exc})"
+        return None, f"probe: none, the gate runs on OOM and latency signals (NVML: {exc}; torch: {torch_why})"
+    if torch_probe is not None:
+        return CombinedProbe(nvml, torch_probe), f"probe: NVML on {nvml.name} {nvml.uuid} with torch allocator stats"
+    return nvml, f"probe: NVML on {nvml.name} {nvml.uuid} ({torch_why})"
+
+
+def _nvml_device_for(cuda_device: int, torch_probe: TorchCudaProbe | None) -> int | str:
+    """The NVML identity of CUDA device `cuda_device`: its UUID wherever that can be known."""
+    if torch_probe is not None:
+        return torch_probe.uuid()
+    first = _cuda_visible_first()
+    if cuda_device == 0 and first is not None and not first.isdigit():
+        return first  # a UUID in CUDA_VISIBLE_DEVICES names the device exactly
+    if first is not None and first.isdigit() and cuda_device == 0:
+        # Only exact when CUDA_DEVICE_ORDER=PCI_BUS_ID; otherwise say so and take the best guess.
+        if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            logger.warning(
+                "adaptive_gate: CUDA_VISIBLE_DEVICES=%s without CUDA_DEVICE_ORDER=PCI_BUS_ID; "
+                "NVML device %s assumed (set CUDA_DEVICE_ORDER=PCI_BUS_ID or use UUIDs to be sure)",
+                os.environ.get("CUDA_VISIBLE_DEVICES"),
+                first,
+            )
+        return int(first)
+    return cuda_device

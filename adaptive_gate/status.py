@@ -1,0 +1,128 @@
+"""What the gate has seen, kept small and bounded, and its rendering for `GET /gate/status`."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .limiter import LimiterStatistics
+from .memory import MemorySample
+
+__all__ = ["Counters", "LimitChange", "ProbeState", "RecentValues", "render_json", "status_document"]
+
+
+@dataclass
+class Counters:
+    """Cumulative counts since start. `rejected` includes `timed_out` and OOM answers."""
+
+    admitted: int = 0
+    completed: int = 0
+    rejected: int = 0
+    timed_out: int = 0
+    ooms: int = 0
+    errors: int = 0
+    left_queue: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+
+
+class RecentValues:
+    """The last `size` values of a measure (queue wait, service time), for percentiles and means."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+
+    def add(self, value: float) -> None:
+        self._values.append(value)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def mean(self) -> float | None:
+        return sum(self._values) / len(self._values) if self._values else None
+
+    def percentiles_ms(self) -> dict[str, float] | None:
+        if not self._values:
+            return None
+        ordered = sorted(self._values)
+        last = len(ordered) - 1
+        return {
+            f"p{q}": round(ordered[min(last, math.ceil(q / 100 * len(ordered)) - 1)] * 1000, 3) for q in (50, 95, 99)
+        }
+
+
+@dataclass(frozen=True)
+class LimitChange:
+    at_unix_s: float
+    old: int
+    new: int
+    reason: str
+
+
+@dataclass
+class ProbeState:
+    """How the memory probe fares: what it is, the last reading, the last error."""
+
+    description: str = "none"
+    last_sample: MemorySample | None = None
+    last_error: str | None = None
+    consecutive_errors: int = 0
+    errors: int = 0
+    simulated: bool = False
+    running: bool = False
+
+
+def status_document(
+    *,
+    limiter: LimiterStatistics,
+    min_limit: int,
+    max_limit: int,
+    counters: Counters,
+    queue_wait_s: RecentValues,
+    service_s: RecentValues,
+    probe: ProbeState,
+    changes: deque[LimitChange],
+    controller: dict[str, Any],
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    sample = probe.last_sample
+    return {
+        "limit": limiter.limit,
+        "in_flight": limiter.in_flight,
+        "queued": limiter.queued,
+        "min_limit": min_limit,
+        "max_limit": max_limit,
+        "max_queue": limiter.max_queue,
+        "memory": None
+        if sample is None
+        else {
+            "used_bytes": sample.used_bytes,
+            "total_bytes": sample.total_bytes,
+            "utilisation": round(sample.utilisation, 4),
+            "oom_count": sample.oom_count,
+            "simulated": probe.simulated,
+        },
+        "counters": asdict(counters),
+        "queue_wait_ms": queue_wait_s.percentiles_ms(),
+        "service_ms": service_s.percentiles_ms(),
+        "controller": controller,
+        "probe": {
+            "description": probe.description,
+            "running": probe.running,
+            "healthy": probe.last_error is None,
+            "last_error": probe.last_error,
+            "errors": probe.errors,
+        },
+        "limit_changes": [asdict(change) for change in changes],
+        "options": options,
+    }
+
+
+def render_json(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), default=str).encode()

@@ -1,0 +1,350 @@
+"""The limiter: slots, the FIFO line, deadlines, a moving limit, and every cancellation race."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from adaptive_gate.limiter import Limiter, QueueFull, QueueTimeout, Waiter
+
+pytestmark = pytest.mark.anyio
+
+
+# -- synchronous bookkeeping ----------------------------------------------------------------------
+
+
+def test_takes_free_slots_then_queues() -> None:
+    limiter = Limiter(2, max_queue=5)
+    assert limiter.try_acquire() and limiter.try_acquire()
+    assert not limiter.try_acquire()
+    waiter = limiter.join()
+    assert not waiter.granted and limiter.queued == 1
+    limiter.release()
+    assert waiter.granted and limiter.in_flight == 2 and limiter.queued == 0
+
+
+def test_newcomer_cannot_overtake_a_waiter() -> None:
+    limiter = Limiter(1, max_queue=5)
+    assert limiter.try_acquire()
+    first = limiter.join()
+    limiter.limit = 1  # no change, no grant
+    limiter.release()
+    assert first.granted
+    assert not limiter.try_acquire()  # the slot went to the waiter, not to whoever asks next
+
+
+def test_raising_the_limit_admits_waiters_in_order() -> None:
+    limiter = Limiter(1, max_queue=5)
+    assert limiter.try_acquire()
+    waiters = [limiter.join() for _ in range(4)]
+    limiter.limit = 3
+    assert [w.granted for w in waiters] == [True, True, False, False]
+    assert limiter.in_flight == 3
+
+
+def test_lowering_the_limit_preempts_nobody() -> None:
+    limiter = Limiter(4, max_queue=5)
+    for _ in range(4):
+        assert limiter.try_acquire()
+    waiter = limiter.join()
+    limiter.limit = 2
+    assert limiter.in_flight == 4
+    limiter.release()
+    limiter.release()
+    assert not waiter.granted and limiter.in_flight == 2
+    limiter.release()
+    assert waiter.granted and limiter.in_flight == 2
+
+
+def test_queue_is_bounded() -> None:
+    limiter = Limiter(1, max_queue=2)
+    limiter.try_acquire()
+    limiter.join()
+    limiter.join()
+    with pytest.raises(QueueFull):
+        limiter.join()
+
+
+def test_leaving_after_the_grant_passes_the_slot_on() -> None:
+    limiter = Limiter(1, max_queue=5)
+    limiter.try_acquire()
+    first, second = limiter.join(), limiter.join()
+    limiter.release()
+    assert first.granted
+    limiter.leave(first)  # cancelled after the slot was handed over, before it woke up
+    assert second.granted and limiter.in_flight == 1
+
+
+def test_release_without_acquire_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="release"):
+        Limiter(1, max_queue=0).release()
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_limit_below_one_is_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        Limiter(bad, max_queue=1)
+    limiter = Limiter(1, max_queue=1)
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        limiter.limit = bad
+    assert limiter.limit == 1
+
+
+def test_limit_must_be_an_int() -> None:
+    with pytest.raises(TypeError, match="limit must be an int"):
+        Limiter(2.5, max_queue=1)  # type: ignore[arg-type]
+
+
+def test_ten_thousand_waiters_are_cheap() -> None:
+    limiter = Limiter(1, max_queue=20_000)
+    limiter.try_acquire()
+    started = time.perf_counter()
+    waiters = [limiter.join() for _ in range(10_000)]
+    for waiter in waiters[1::2]:
+        limiter.leave(waiter)  # half give up, from the middle of the line
+    for _ in range(5_000):
+        limiter.release()
+    elapsed = time.perf_counter() - started
+    assert all(w.granted for w in waiters[0::2])
+    assert limiter.in_flight == 1 and limiter.queued == 0
+    # Linear work: a quadratic line would take seconds here; this is a generous bound, not a benchmark.
+    assert elapsed < 2.0
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """Any interleaving of acquire, release, cancel, timeout and limit changes keeps the books right."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limiter = Limiter(2, max_queue=6)
+        self.holders = 0  # slots the "application" holds
+        self.line: list[Waiter] = []  # waiters not yet woken, in arrival order
+        self.woken_order: list[int] = []
+        self.arrival: dict[int, int] = {}
+        self.next_arrival = 0
+
+    def _collect_grants(self) -> None:
+        granted = [w for w in self.line if w.granted]
+        for waiter in granted:
+            self.line.remove(waiter)
+            self.holders += 1
+            self.woken_order.append(self.arrival[id(waiter)])
+        if granted:
+            assert self.limiter.in_flight <= self.limiter.limit, "a grant went past the limit"
+
+    @rule()
+    def arrive(self) -> None:
+        limit_before, in_flight_before = self.limiter.limit, self.limiter.in_flight
+        if self.limiter.try_acquire():
+            assert in_flight_before < limit_before and not self.line
+            self.holders += 1
+            return
+        try:
+            waiter = self.limiter.join()
+        except QueueFull:
+            assert self.limiter.queued == self.limiter.max_queue
+            return
+        self.arrival[id(waiter)] = self.next_arrival
+        self.next_arrival += 1
+        self.line.append(waiter)
+        self._collect_grants()
+
+    @precondition(lambda self: self.holders > 0)
+    @rule()
+    def finish(self) -> None:
+        self.holders -= 1
+        self.limiter.release()
+        self._collect_grants()
+
+    @precondition(lambda self: bool(self.line))
+    @rule(data=st.data())
+    def give_up(self, data: st.DataObject) -> None:
+        """A cancellation or a timeout of a waiter anywhere in the line."""
+        waiter = data.draw(st.sampled_from(self.line))
+        self.line.remove(waiter)
+        self.limiter.leave(waiter)
+        self._collect_grants()
+
+    @precondition(
+        lambda self: self.holders > 0 and bool(self.line) and self.limiter.in_flight <= self.limiter.limit
+    )
+    @rule()
+    def grant_then_cancel(self) -> None:
+        """A slot handed to the front waiter, which is cancelled before it wakes up."""
+        front = self.line[0]
+        self.holders -= 1
+        self.limiter.release()
+        assert front.granted
+        self.line.remove(front)
+        self.limiter.leave(front)  # must pass the slot on, not lose it
+        self._collect_grants()
+
+    @rule(limit=st.integers(min_value=1, max_value=5))
+    def set_limit(self, limit: int) -> None:
+        self.limiter.limit = limit
+        self._collect_grants()
+
+    @invariant()
+    def no_slot_lost_or_doubled(self) -> None:
+        assert self.limiter.in_flight == self.holders
+
+    @invariant()
+    def line_is_accounted(self) -> None:
+        assert self.limiter.queued == len(self.line)
+
+    @invariant()
+    def nobody_waits_while_a_slot_is_free(self) -> None:
+        if self.line:
+            assert self.limiter.in_flight >= self.limiter.limit
+
+    @invariant()
+    def grants_keep_arrival_order(self) -> None:
+        assert self.woken_order == sorted(self.woken_order)
+
+
+LimiterMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+TestLimiterMachine = LimiterMachine.TestCase
+
+
+# -- the async layer ------------------------------------------------------------------------------
+
+
+async def test_acquire_waits_for_release() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+    got = anyio.Event()
+
+    async def second() -> None:
+        await limiter.acquire()
+        got.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second)
+        await anyio.sleep(0.01)
+        assert not got.is_set() and limiter.queued == 1
+        limiter.release()
+        await got.wait()
+    assert limiter.in_flight == 1
+    limiter.release()
+
+
+async def test_acquire_times_out_and_leaves_the_line() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+    with pytest.raises(QueueTimeout):
+        await limiter.acquire(0.02)
+    assert limiter.queued == 0 and limiter.in_flight == 1
+
+
+async def test_zero_timeout_does_not_queue() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+    with pytest.raises(QueueTimeout):
+        await limiter.acquire(0)
+    assert limiter.queued == 0
+
+
+async def test_cancel_during_acquire() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+    with anyio.move_on_after(0.02):
+        await limiter.acquire()
+    assert limiter.queued == 0 and limiter.in_flight == 1
+
+
+async def test_cancel_after_grant_before_wakeup_gives_the_slot_back() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+    task = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    assert limiter.queued == 1
+    limiter.release()  # hands the slot to the waiter...
+    task.cancel()  # ...which is cancelled before it gets to run again
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limiter.in_flight == 0 and limiter.queued == 0
+
+
+async def test_cancelled_holder_released_in_finally_leaves_nothing() -> None:
+    limiter = Limiter(1, max_queue=5)
+    await limiter.acquire()
+
+    async def request() -> None:
+        await limiter.acquire()
+        try:
+            await anyio.sleep(1)
+        finally:
+            limiter.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(request)
+        await anyio.sleep(0.01)
+        limiter.release()
+        tg.cancel_scope.cancel()
+    assert limiter.in_flight == 0 and limiter.queued == 0
+
+
+async def test_cancel_after_release() -> None:
+    limiter = Limiter(1, max_queue=5)
+    with anyio.CancelScope() as scope:
+        await limiter.acquire()
+        limiter.release()
+        scope.cancel()
+        await anyio.sleep(1)
+    assert limiter.in_flight == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["start", "cancel", "limit"]), st.integers(min_value=0, max_value=6)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_random_tasks_never_exceed_the_limit_nor_leak(ops: list[tuple[str, int]]) -> None:
+    """Real tasks on a real loop: random arrivals, cancellations, timeouts and limit changes."""
+
+    async def main() -> None:
+        limiter = Limiter(2, max_queue=8)
+        running = 0
+        highest_limit = limiter.limit
+        scopes: list[anyio.CancelScope] = []
+
+        async def request(hold_s: float, timeout_s: float | None) -> None:
+            nonlocal running
+            scope = anyio.CancelScope()
+            scopes.append(scope)
+            with scope:
+                try:
+                    await limiter.acquire(timeout_s)
+                except (QueueFull, QueueTimeout):
+                    return
+                try:
+                    running += 1
+                    assert running <= limiter.in_flight  # granted ones may not have woken yet
+                    assert running <= highest_limit
+                    await anyio.sleep(hold_s)
+                finally:
+                    running -= 1
+                    limiter.release()
+
+        async with anyio.create_task_group() as tg:
+            for op, value in ops:
+                if op == "start":
+                    tg.start_soon(request, value / 1000, None if value % 3 else value / 2000)
+                elif op == "cancel" and scopes:
+                    scopes[value % len(scopes)].cancel()
+                elif op == "limit":
+                    limiter.limit = value + 1
+                    highest_limit = max(highest_limit, limiter.limit)
+                await anyio.sleep(0)
+        assert limiter.in_flight == 0 and limiter.queued == 0
+
+    anyio.run(main)
