@@ -16,7 +16,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from starlette.routing import Match
+from starlette.routing import Host, Match, Mount
 from starlette.types import Scope
 
 _iter_route_contexts: Callable[[Sequence[Any]], Iterable[Any]] | None
@@ -53,9 +53,8 @@ def _build(routes: Sequence[Any], tag: str) -> list[_Node]:
     for route in _expand(routes):
         if not callable(getattr(route, "matches", None)):
             continue
-        children = getattr(route, "routes", None)
-        if children is not None and not hasattr(route, "endpoint"):  # Mount, Host
-            sub = _build(children, tag)
+        if isinstance(getattr(route, "original_route", route), Mount | Host):
+            sub = _build(route.routes, tag)
             nodes.append(_Node(route, any(n.gated for n in sub), sub))
         else:
             tags = {normalise_tag(t) for t in getattr(route, "tags", None) or ()}

@@ -239,16 +239,23 @@ class AdaptiveGate:
 
         listener = _QueueListener(receive)
         outcome = "cancelled"
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(listener.listen, task_group.cancel_scope)
-            try:
-                await self.limiter.acquire(timeout_s)
-                outcome = "granted"
-            except QueueTimeout:
-                outcome = "timeout"
-            except QueueFull:
-                outcome = "queue_full"
-            task_group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(listener.listen, task_group.cancel_scope)
+                try:
+                    await self.limiter.acquire(timeout_s)
+                    outcome = "granted"
+                except QueueTimeout:
+                    outcome = "timeout"
+                except QueueFull:
+                    outcome = "queue_full"
+                task_group.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled from outside while the task group wound down: a slot granted just before
+            # is ours and nobody else will give it back.
+            if outcome == "granted":
+                self.limiter.release()
+            raise
         if listener.disconnected:
             # The client left while waiting: the cancelled wait gave its place (or slot) back. If
             # the slot came in the same instant, it is ours, and goes back here.

@@ -1,0 +1,508 @@
+"""The gate in process: admission, the queue, deadlines, rejections, OOMs, streaming, disconnects."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from adaptive_gate import AIMD, AdaptiveGate, Fixed, MemorySample
+from adaptive_gate.testing import SimulatedGPU
+
+from .asgi_helpers import RawClient, call
+from .conftest import find_gate
+
+pytestmark = pytest.mark.anyio
+
+
+class Held:
+    """A gated route that runs until released, counting how many run at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.peak = 0
+        self.go = anyio.Event()
+        self.entered = 0
+
+    async def __call__(self) -> dict[str, int]:
+        self.running += 1
+        self.entered += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await self.go.wait()
+        finally:
+            self.running -= 1
+        return {"peak": self.peak}
+
+
+def gated_app(**options: Any) -> tuple[FastAPI, Held]:
+    held = Held()
+    app = FastAPI()
+    options.setdefault("probe", None)
+    app.add_middleware(AdaptiveGate, **options)
+    app.add_api_route("/work", held, methods=["POST"], tags=["gpu"])
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app, held
+
+
+def client_for(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test", timeout=30)
+
+
+async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
+    def holds() -> bool:
+        try:
+            return bool(predicate())
+        except LookupError:  # the middleware stack is built by the first call, which may not have run yet
+            return False
+
+    with anyio.fail_after(timeout_s):
+        while not holds():
+            await anyio.sleep(0.002)
+
+
+async def test_runs_at_most_limit_and_queues_the_rest() -> None:
+    app, held = gated_app(controller=Fixed(2))
+    async with client_for(app) as client:
+        responses: list[httpx.Response] = []
+
+        async def one() -> None:
+            responses.append(await client.post("/work"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(one)
+            gate = None
+            await wait_until(lambda: held.running == 2)
+            gate = find_gate(app)
+            await wait_until(lambda: gate.limiter.queued == 6)
+            assert (await client.get("/healthz")).status_code == 200  # never gated, never queued
+            held.go.set()
+        assert [r.status_code for r in responses] == [200] * 8
+        assert held.peak == 2
+        assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
+        assert gate.counters.admitted == gate.counters.completed == 8
+
+
+async def test_queue_full_is_503_with_retry_after() -> None:
+    app, held = gated_app(controller=Fixed(1), max_queue=1)
+    async with client_for(app) as client:
+        results: list[httpx.Response] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _append(results, client.post("/work")))
+            await wait_until(lambda: held.running == 1)
+            tg.start_soon(lambda: _append(results, client.post("/work")))
+            await wait_until(lambda: find_gate(app).limiter.queued == 1)
+            rejected = await client.post("/work")
+            held.go.set()
+    assert rejected.status_code == 503
+    assert rejected.headers["retry-after"].isdigit() and int(rejected.headers["retry-after"]) >= 1
+    assert rejected.json()["reason"] == "queue_full"
+    assert rejected.json()["detail"]
+    assert [r.status_code for r in results] == [200, 200]
+    assert find_gate(app).counters.rejected_by_reason == {"queue_full": 1}
+
+
+async def _append(results: list[httpx.Response], pending: Any) -> None:
+    results.append(await pending)
+
+
+async def test_429_instead_of_503_when_asked() -> None:
+    app, held = gated_app(controller=Fixed(1), max_queue=0, reject_status=429)
+    async with client_for(app) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.post, "/work")
+            await wait_until(lambda: held.running == 1)
+            rejected = await client.post("/work")
+            held.go.set()
+    assert rejected.status_code == 429 and "retry-after" in rejected.headers
+
+
+async def test_queue_timeout_answers_deadline_and_frees_the_place() -> None:
+    app, held = gated_app(controller=Fixed(1), queue_timeout=0.05)
+    async with client_for(app) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.post, "/work")
+            await wait_until(lambda: held.running == 1)
+            late = await client.post("/work")
+            held.go.set()
+    gate = find_gate(app)
+    assert late.status_code == 503 and late.json()["reason"] == "deadline"
+    assert gate.counters.timed_out == 1 and gate.limiter.queued == 0 and gate.limiter.in_flight == 0
+
+
+@pytest.mark.parametrize(("header", "expect_fast"), [(b"20", True), (b"soon", False), (b"-5", False)])
+async def test_envoy_deadline_header(header: bytes, expect_fast: bool) -> None:
+    app, held = gated_app(controller=Fixed(1), queue_timeout=0.5)
+    async with client_for(app) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.post, "/work")
+            await wait_until(lambda: held.running == 1)
+            started = anyio.current_time()
+            late = await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": header.decode()})
+            waited_s = anyio.current_time() - started
+            held.go.set()
+    assert late.status_code == 503 and late.json()["reason"] == "deadline"  # malformed: never a 500
+    # Which deadline applied: the header's 20 ms or the gate's 500 ms (a wide margin either way).
+    assert (waited_s < 0.3) is expect_fast
+
+
+async def test_rejects_at_once_when_the_expected_wait_exceeds_the_deadline() -> None:
+    app, held = gated_app(controller=Fixed(1), queue_timeout=5.0)
+    async with client_for(app) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.post, "/work")
+            await wait_until(lambda: held.running == 1)
+            gate = find_gate(app)
+            for _ in range(10):
+                gate.service_s.add(10.0)  # requests have been taking 10 s each
+            rejected = await client.post("/work")
+            assert gate.counters.timed_out == 0 and gate.limiter.queued == 0
+            held.go.set()
+    assert rejected.status_code == 503 and rejected.json()["reason"] == "deadline"
+    assert int(rejected.headers["retry-after"]) >= 10  # estimated from the queue and service time
+
+
+async def test_retry_after_is_capped() -> None:
+    app, held = gated_app(controller=Fixed(1), max_queue=0, max_retry_after=3)
+    async with client_for(app) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.post, "/work")
+            await wait_until(lambda: held.running == 1)
+            find_gate(app).service_s.add(500.0)
+            rejected = await client.post("/work")
+            held.go.set()
+    assert 1 <= int(rejected.headers["retry-after"]) <= 3
+
+
+def oom_app(error: BaseException | None, **options: Any) -> FastAPI:
+    app = FastAPI()
+    options.setdefault("probe", None)
+    app.add_middleware(AdaptiveGate, **options)
+
+    @app.post("/infer", tags=["gpu"])
+    def infer() -> dict[str, str]:
+        if error is not None:
+            raise error
+        return {"ok": "yes"}
+
+    return app
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's, as is_oom expects."""
+
+
+def _chained() -> BaseException:
+    try:
+        try:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except RuntimeError as inner:
+            raise RuntimeError("Caught handled exception, but response already started.") from inner
+    except RuntimeError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: out of memory"),
+        ExceptionGroup("task group", [RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")]),
+        _chained(),
+    ],
+)
+async def test_oom_becomes_503_and_cuts_the_limit(error: BaseException) -> None:
+    app = oom_app(error, initial_limit=8)
+    async with client_for(app) as client:
+        response = await client.post("/infer")
+    gate = find_gate(app)
+    assert response.status_code == 503 and response.json()["reason"] == "oom"
+    assert int(response.headers["retry-after"]) >= 1
+    assert gate.counters.ooms == 1 and gate.limiter.in_flight == 0
+    assert gate.limiter.limit == 4
+    assert gate.limit_changes[-1].reason == "out of memory"
+
+
+async def test_other_errors_propagate_and_free_the_slot() -> None:
+    app = oom_app(ValueError("a bug"))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app, raise_app_exceptions=False), base_url="http://test"
+    ) as client:
+        response = await client.post("/infer")
+    gate = find_gate(app)
+    assert response.status_code == 500
+    assert gate.counters.errors == 1 and gate.limiter.in_flight == 0 and gate.counters.ooms == 0
+
+
+async def test_client_errors_do_not_grow_the_limit() -> None:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, controller=AIMD(knee_gain=0))
+
+    @app.post("/infer", tags=["gpu"])
+    def infer(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    async with client_for(app) as client:
+        for _ in range(20):
+            assert (await client.post("/infer")).status_code == 422  # missing parameter
+    gate = find_gate(app)
+    assert gate.counters.completed == 0 and gate.limiter.in_flight == 0
+    assert gate.limiter.limit == 1
+
+
+async def test_slot_is_held_until_the_last_streamed_byte() -> None:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, controller=Fixed(1))
+    step = anyio.Event()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"first,"
+        await step.wait()
+        yield b"last"
+
+    @app.get("/stream", tags=["gpu"])
+    async def stream() -> StreamingResponse:
+        return StreamingResponse(chunks())
+
+    raw = RawClient()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, app, raw, "/stream", "GET")
+        await wait_until(lambda: any(m.get("body") == b"first," for m in raw.sent))
+        gate = find_gate(app)
+        assert gate.limiter.in_flight == 1  # response started, body not finished: still held
+        step.set()
+        await raw.body_sent.wait()
+    assert raw.body == b"first,last"
+    assert gate.limiter.in_flight == 0 and gate.counters.completed == 1
+
+
+async def test_client_that_leaves_the_queue_gives_up_its_place_at_once() -> None:
+    app, held = gated_app(controller=Fixed(1))
+    first, leaver = RawClient(), RawClient()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, app, first, "/work")
+        await wait_until(lambda: held.running == 1)
+        gate = find_gate(app)
+        tg.start_soon(call, app, leaver, "/work")
+        await wait_until(lambda: gate.limiter.queued == 1)
+        leaver.disconnect.set()
+        await wait_until(lambda: gate.limiter.queued == 0)
+        assert gate.counters.left_queue == 1 and leaver.sent == []
+        held.go.set()
+    assert first.status == 200 and held.entered == 1
+    assert gate.limiter.in_flight == 0
+
+
+async def test_body_read_while_queued_is_replayed_in_order() -> None:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, controller=Fixed(1))
+    go = anyio.Event()
+
+    @app.post("/echo", tags=["gpu"])
+    async def echo(request: Request) -> dict[str, str]:
+        body = await request.body()
+        await go.wait()
+        return {"body": body.decode()}
+
+    first, second = RawClient([b"a"]), RawClient([b"one,", b"two,", b"three"])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, app, first, "/echo")
+        await wait_until(lambda: find_gate(app).limiter.in_flight == 1)
+        tg.start_soon(call, app, second, "/echo")
+        await wait_until(lambda: find_gate(app).limiter.queued == 1 and not second.chunks)  # all read while queued
+        go.set()
+    assert json.loads(second.body) == {"body": "one,two,three"}
+
+
+async def test_status_document() -> None:
+    gpu = SimulatedGPU(24 * 2**30, baseline_bytes=8 * 2**30)
+    app, held = gated_app(probe=gpu, sample_period=0.01)
+    held.go.set()
+    async with LifespanManager(app) as manager, client_for(manager.app) as client:
+        for _ in range(3):
+            assert (await client.post("/work")).status_code == 200
+        await wait_until(lambda: find_gate(app).probe_state.last_sample is not None)
+        status = (await client.get("/gate/status")).json()
+        head = await client.head("/gate/status")
+    assert {"limit", "in_flight", "queued", "min_limit", "max_limit", "memory", "counters"} <= status.keys()
+    assert status["memory"]["total_bytes"] == 24 * 2**30 and status["memory"]["used_bytes"] >= 8 * 2**30
+    assert status["memory"]["simulated"] is True
+    assert {"admitted", "completed", "rejected", "timed_out", "ooms"} <= status["counters"].keys()
+    assert status["counters"]["admitted"] == status["counters"]["completed"] == 3
+    assert status["service_ms"]["p50"] >= 0 and set(status["queue_wait_ms"]) == {"p50", "p95", "p99"}
+    assert status["options"]["tag"] == "gpu" and status["probe"]["running"] is True
+    assert head.status_code == 200 and head.content == b""
+
+
+async def test_status_path_can_move_or_go() -> None:
+    app, _ = gated_app(status_path="/ops/gate")
+    async with client_for(app) as client:
+        assert (await client.get("/ops/gate")).json()["limit"] == 1
+        assert (await client.get("/gate/status")).status_code == 404
+    app, _ = gated_app(status_path=None)
+    async with client_for(app) as client:
+        assert (await client.get("/gate/status")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"min_limit": 0}, ValueError, "min_limit must be >= 1"),
+        ({"min_limit": 4, "max_limit": 2}, ValueError, "max_limit must be >= 4"),
+        ({"max_limit": 8, "initial_limit": 9}, ValueError, r"initial_limit must be in \[1, 8\]"),
+        ({"max_queue": -1}, ValueError, "max_queue must be >= 0"),
+        ({"queue_timeout": -1}, ValueError, "queue_timeout must be >= 0"),
+        ({"queue_timeout": "30"}, TypeError, "queue_timeout must be a number"),
+        ({"max_limit": 2.5}, TypeError, "max_limit must be an int"),
+        ({"reject_status": 500}, ValueError, "reject_status must be 503 or 429"),
+        ({"probe": "nvml"}, ValueError, "probe must be 'auto', None"),
+        ({"probe": object()}, TypeError, "probe must have a sample"),
+        ({"controller": object()}, TypeError, "controller must implement"),
+        ({"status_path": "status"}, ValueError, "status_path must be a path"),
+        ({"sample_period": 0}, ValueError, "sample_period must be > 0"),
+    ],
+)
+async def test_bad_configuration_fails_by_the_first_request(options: dict[str, Any], error: type, match: str) -> None:
+    app, _ = gated_app(**options)
+    async with client_for(app) as client:
+        with pytest.raises(error, match=match):
+            await client.get("/healthz")
+
+
+async def test_swallowed_ooms_are_seen_through_the_probe_count() -> None:
+    gpu = SimulatedGPU(10 * 2**30)
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=gpu, sample_period=0.01, initial_limit=8)
+
+    @app.post("/careful", tags=["gpu"])
+    def careful() -> dict[str, bool]:
+        try:
+            with gpu.allocate(20 * 2**30):
+                pass
+        except RuntimeError:
+            return {"fell_back": True}  # the app handles its own OOM: the gate sees only the count
+        return {"fell_back": False}
+
+    async with LifespanManager(app) as manager, client_for(manager.app) as client:
+        gate = find_gate(app)
+        await wait_until(lambda: gate.probe_state.last_sample is not None)  # the count's starting point
+        assert (await client.post("/careful")).json() == {"fell_back": True}
+        await wait_until(lambda: gate.counters.ooms == 1)
+        assert gate.limiter.limit == 4
+
+
+async def test_oom_raised_and_counted_by_the_probe_is_counted_once() -> None:
+    gpu = SimulatedGPU(10 * 2**30)
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=gpu, sample_period=0.01, initial_limit=8)
+
+    @app.post("/greedy", tags=["gpu"])
+    def greedy() -> None:
+        with gpu.allocate(20 * 2**30):
+            pass
+
+    async with LifespanManager(app) as manager, client_for(manager.app) as client:
+        gate = find_gate(app)
+        await wait_until(lambda: gate.probe_state.last_sample is not None)
+        assert (await client.post("/greedy")).status_code == 503
+        samples_then = gate.controller.memory.samples  # type: ignore[attr-defined]
+        await wait_until(lambda: gate.controller.memory.samples > samples_then + 3)  # type: ignore[attr-defined]
+    assert gpu.oom_count == 1 and gate.counters.ooms == 1
+
+
+class FlakyProbe:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def sample(self) -> MemorySample:
+        self.calls += 1
+        raise RuntimeError("NVML_ERROR_UNKNOWN")
+
+
+async def test_probe_failure_never_takes_the_service_down() -> None:
+    probe = FlakyProbe()
+    app, held = gated_app(probe=probe, sample_period=0.01)
+    held.go.set()
+    async with LifespanManager(app) as manager, client_for(manager.app) as client:
+        await wait_until(lambda: probe.calls >= 2)
+        assert (await client.post("/work")).status_code == 200
+        status = (await client.get("/gate/status")).json()
+    assert status["probe"]["healthy"] is False and "NVML_ERROR_UNKNOWN" in status["probe"]["last_error"]
+    assert status["memory"] is None
+
+
+@pytest.mark.parametrize("seed", [7, 11, 23])
+async def test_chaos_leaves_no_slot_behind(seed: int) -> None:
+    """1,000 requests, random client cancellations, errors, OOMs and limit changes: all slots come back."""
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, max_queue=40, queue_timeout=0.05, initial_limit=4)
+    rng = random.Random(seed)
+
+    @app.post("/chaos", tags=["gpu"])
+    async def chaos(kind: str) -> dict[str, str]:
+        await anyio.sleep(rng.random() / 500)
+        if kind == "error":
+            raise ValueError("boom")
+        if kind == "oom":
+            raise OutOfMemoryError("CUDA out of memory. (chaos)")
+        return {"kind": kind}
+
+    statuses: dict[int | str, int] = {}
+
+    async def one(kind: str, cancel_after_s: float | None) -> None:
+        raw = RawClient()
+        scope_path = f"/chaos?kind={kind}"
+        with anyio.move_on_after(cancel_after_s if cancel_after_s is not None else 60):
+            try:
+                await app(_query_scope(scope_path), raw.receive, raw.send)
+            except ValueError:
+                statuses["error"] = statuses.get("error", 0) + 1
+                return
+        key: int | str = raw.status or "cancelled"
+        statuses[key] = statuses.get(key, 0) + 1
+
+    async def leave_soon(raw_kind: str) -> None:
+        raw = RawClient()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: app(_query_scope(f"/chaos?kind={raw_kind}"), raw.receive, raw.send))
+            await anyio.sleep(rng.random() / 200)
+            raw.disconnect.set()  # the client goes away, whatever the request is doing
+
+    async with anyio.create_task_group() as tg:
+        for i in range(1000):
+            kind = rng.choices(["ok", "error", "oom"], weights=[90, 5, 5])[0]
+            roll = rng.random()
+            if roll < 0.1:
+                tg.start_soon(leave_soon, kind)
+            else:
+                tg.start_soon(one, kind, rng.random() / 100 if roll < 0.3 else None)
+            if i % 10 == 0:
+                await anyio.sleep(0.003)
+            if i % 50 == 25:
+                find_gate(app).limiter.limit = rng.randint(1, 6)  # the limit moves under the traffic
+    gate = find_gate(app)
+    assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
+    assert statuses.get(200, 0) > 100 and statuses.get(503, 0) > 0 and statuses.get("error", 0) > 0
+    assert gate.counters.admitted >= gate.counters.completed
+
+
+def _query_scope(path_and_query: str) -> dict[str, Any]:
+    from .asgi_helpers import http_scope
+
+    path, _, query = path_and_query.partition("?")
+    scope = http_scope(path)
+    scope["query_string"] = query.encode()
+    return scope
