@@ -13,17 +13,12 @@ so with Starlette alone only `tag=None` (gate every request) or routes carrying 
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from starlette.routing import Host, Match, Mount
 from starlette.types import Scope
-
-_iter_route_contexts: Callable[[Sequence[Any]], Iterable[Any]] | None
-try:  # FastAPI is optional: present, it knows the effective routes of included routers.
-    from fastapi.routing import iter_route_contexts as _iter_route_contexts
-except ImportError:  # pragma: no cover - exercised only without FastAPI
-    _iter_route_contexts = None
 
 
 def normalise_tag(tag: object) -> str:
@@ -40,12 +35,15 @@ class _Node:
 
 
 def _expand(routes: Sequence[Any]) -> Iterable[Any]:
-    if _iter_route_contexts is not None:
-        try:
-            return list(_iter_route_contexts(routes))
-        except Exception:  # an exotic route that FastAPI cannot flatten: take the routes as they are
-            return routes
-    return routes
+    # FastAPI is optional, and loaded already wherever it routes: never import it from here.
+    fastapi_routing = sys.modules.get("fastapi.routing")
+    flatten: Callable[[Sequence[Any]], Iterable[Any]] | None = getattr(fastapi_routing, "iter_route_contexts", None)
+    if flatten is None:
+        return routes
+    try:
+        return list(flatten(routes))
+    except Exception:  # an exotic route that FastAPI cannot flatten: take the routes as they are
+        return routes
 
 
 def _build(routes: Sequence[Any], tag: str) -> list[_Node]:

@@ -53,11 +53,10 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _looks_like_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        # Host memory: not a device event, the GPU limit must not react to it.
-        return False
     if any(cls.__name__ in _OOM_CLASS_NAMES for cls in type(exc).__mro__):
-        return True
+        return True  # CuPy's derives from MemoryError, hence checked first
+    if type(exc) is MemoryError:
+        return False  # host memory: not a device event, the GPU limit must not react to it
     try:
         message = str(exc).lower()
     except Exception:  # a broken __str__ must not turn a request into a crash

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -171,9 +172,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self.limiter.leave(waiter)
         self._collect_grants()
 
-    @precondition(
-        lambda self: self.holders > 0 and bool(self.line) and self.limiter.in_flight <= self.limiter.limit
-    )
+    @precondition(lambda self: self.holders > 0 and bool(self.line) and self.limiter.in_flight <= self.limiter.limit)
     @rule()
     def grant_then_cancel(self) -> None:
         """A slot handed to the front waiter, which is cancelled before it wakes up."""
@@ -344,7 +343,7 @@ def test_random_tasks_never_exceed_the_limit_nor_leak(ops: list[tuple[str, int]]
                 elif op == "limit":
                     limiter.limit = value + 1
                     highest_limit = max(highest_limit, limiter.limit)
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
         assert limiter.in_flight == 0 and limiter.queued == 0
 
     anyio.run(main)

@@ -69,7 +69,7 @@ async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
             return False
 
     with anyio.fail_after(timeout_s):
-        while not holds():
+        while not holds():  # noqa: ASYNC110 - polls state owned by the code under test
             await anyio.sleep(0.002)
 
 

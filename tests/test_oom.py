@@ -1,0 +1,89 @@
+"""is_oom: every framework's out-of-memory, through chains and groups, and nothing else."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from adaptive_gate import is_oom
+
+
+def named(name: str, base: type[BaseException] = RuntimeError) -> type[BaseException]:
+    return type(name, (base,), {})
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"),
+        torch.cuda.OutOfMemoryError("anything"),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+        named("AcceleratorError")("CUDA error: out of memory"),
+        named("OutOfMemoryError", MemoryError)("Out of memory allocating 1,024 bytes (allocated so far: 0 bytes)"),
+        named("XlaRuntimeError")("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB."),
+        named("RuntimeException")(
+            "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 4"
+        ),
+        RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc; cudaErrorMemoryAllocation"),
+        RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
+    ],
+)
+def test_recognises_framework_ooms(exc: BaseException) -> None:
+    assert is_oom(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MemoryError(),  # host memory: not the GPU's business
+        RuntimeError("Expected all tensors to be on the same device"),
+        ValueError("out of range"),
+        KeyError("memory"),
+    ],
+)
+def test_rejects_other_errors(exc: BaseException) -> None:
+    assert not is_oom(exc)
+
+
+def test_looks_through_cause_context_and_groups() -> None:
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except RuntimeError as inner:
+            raise RuntimeError("Caught handled exception, but response already started.") from inner
+    except RuntimeError as outer:
+        assert is_oom(outer)
+    try:
+        try:
+            raise RuntimeError("CUDA error: out of memory")
+        except RuntimeError:
+            raise ValueError("while handling") from None  # context kept, cause suppressed
+    except ValueError as suppressed:
+        assert is_oom(suppressed)
+    group = BaseExceptionGroup("tg", [ValueError("x"), ExceptionGroup("inner", [torch.OutOfMemoryError("oom")])])
+    assert is_oom(group)
+    assert not is_oom(ExceptionGroup("tg", [ValueError("x")]))
+
+
+def test_survives_cycles_and_broken_str() -> None:
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a
+    assert not is_oom(a)
+
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert not is_oom(Broken())
+
+
+def test_keeps_no_reference_to_the_exception() -> None:
+    exc = torch.OutOfMemoryError("CUDA out of memory")
+    ref = weakref.ref(exc)
+    assert is_oom(exc)
+    del exc
+    gc.collect()
+    assert ref() is None

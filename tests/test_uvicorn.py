@@ -1,0 +1,148 @@
+"""The gate behind a real uvicorn on 127.0.0.1: concurrent clients, real disconnects, chaos."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from adaptive_gate import AdaptiveGate, Fixed
+
+from .conftest import find_gate
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread on a free loopback port; stop it cleanly afterwards."""
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def slow_app(work_s: float, **options: Any) -> tuple[FastAPI, dict[str, int]]:
+    app = FastAPI()
+    options.setdefault("probe", None)
+    app.add_middleware(AdaptiveGate, **options)
+    seen = {"running": 0, "peak": 0}
+    lock = threading.Lock()
+
+    @app.post("/infer", tags=["gpu"])
+    def infer(fail: bool = False) -> dict[str, int]:
+        with lock:
+            seen["running"] += 1
+            seen["peak"] = max(seen["peak"], seen["running"])
+        try:
+            time.sleep(work_s)
+            if fail:
+                raise ValueError("model bug")
+            return {"ok": 1}
+        finally:
+            with lock:
+                seen["running"] -= 1
+
+    return app, seen
+
+
+def test_concurrent_clients_through_uvicorn() -> None:
+    app, seen = slow_app(0.05, controller=Fixed(3), max_queue=10, queue_timeout=5)
+    with serve(app) as url:
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                return list(await asyncio.gather(*(client.post("/infer") for _ in range(32))))
+
+        responses = asyncio.run(burst())
+        status = httpx.get(f"{url}/gate/status").json()
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 13  # 3 running + 10 queued at least
+    for response in responses:
+        if response.status_code == 503:
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json()["reason"] in {"queue_full", "deadline"}
+    assert seen["peak"] == 3
+    assert status["in_flight"] == 0 and status["queued"] == 0
+    assert status["counters"]["completed"] == codes.count(200)
+
+
+def test_real_disconnect_while_queued() -> None:
+    app, seen = slow_app(0.5, controller=Fixed(1))
+    with serve(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with httpx.Client(base_url=url, timeout=30) as client:
+            holder = threading.Thread(target=lambda: client.post("/infer"))
+            holder.start()
+            wait_for(lambda: seen["running"] == 1)
+            gate = find_gate(app)
+            leaver = socket.create_connection(("127.0.0.1", port))
+            leaver.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+            wait_for(lambda: gate.limiter.queued == 1)
+            leaver.close()  # the client gives up while waiting
+            wait_for(lambda: gate.limiter.queued == 0, timeout_s=0.4)  # at once, not when the slot frees
+            assert gate.counters.left_queue == 1
+            holder.join()
+        wait_for(lambda: gate.limiter.in_flight == 0)
+    assert gate.counters.admitted == 1
+
+
+@pytest.mark.slow
+def test_chaos_through_uvicorn() -> None:
+    """Clients that time out at random moments, routes that fail: every slot comes back."""
+    app, _ = slow_app(0.01, initial_limit=4, max_queue=30, queue_timeout=0.5)
+    rng = random.Random(3)
+    with serve(app) as url:
+
+        async def one(client: httpx.AsyncClient) -> str:
+            fail = rng.random() < 0.1
+            timeout_s = rng.choice([0.005, 0.02, 0.1, 30])
+            try:
+                response = await client.post(f"/infer?fail={str(fail).lower()}", timeout=timeout_s)
+            except httpx.TimeoutException:
+                return "client gave up"
+            return str(response.status_code)
+
+        async def chaos() -> list[str]:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+                outcomes: list[str] = []
+                for _ in range(6):
+                    outcomes += await asyncio.gather(*(one(client) for _ in range(50)))
+                return outcomes
+
+        outcomes = asyncio.run(chaos())
+        gate = find_gate(app)
+        wait_for(lambda: gate.limiter.in_flight == 0 and gate.limiter.queued == 0)
+    assert {"200", "500", "client gave up"} <= set(outcomes)
+    assert set(outcomes) <= {"200", "500", "503", "client gave up"}
