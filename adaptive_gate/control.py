@@ -9,9 +9,9 @@ lets the simulator in the tests replay hours of traffic in a fraction of a secon
 
 * an AIMD limit: +1 per window of `limit` successful requests while there is real demand, a deep
   multiplicative cut on an out-of-memory error, a gentle one when memory crosses a high watermark;
-* a memory cap, learned online: a running least-squares fit of used memory against requests in
-  flight gives the idle baseline and the bytes each request adds, and so how many fit under
-  `target_utilisation` of the card (the "measure one request's increment" recipe, continuously);
+* a memory cap, learned online: idle samples give the baseline, busy ones the bytes each request
+  adds, and so how many fit under `target_utilisation` of the card (the "measure one request's
+  increment" recipe, done continuously);
 * `max_limit`.
 
 Latency is used only as a brake on growth (stop where more concurrency no longer buys throughput),
@@ -44,9 +44,9 @@ class Controller(Protocol):
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None: ...
 
-    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None: ...
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None: ...
 
-    def on_oom(self, *, now_s: float, epoch: int | None) -> None: ...
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None: ...
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None: ...
 
@@ -96,10 +96,10 @@ class Fixed(_Bounds):
         self._bind_bounds(min_limit, max_limit)
         self._limit = self._clamp(self._wanted)
 
-    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None:
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         pass
 
-    def on_oom(self, *, now_s: float, epoch: int | None) -> None:
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
         pass
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
@@ -117,12 +117,19 @@ class MemoryEstimate:
 
 
 class MemoryModel:
-    """Fits `used = baseline + per_request * in_flight` online, forgetting old samples.
+    """Learns the idle baseline and the bytes each request adds, from (in-flight, used) samples.
 
-    Samples are weighted by age with a half-life of `halflife_s`, so the fit follows a baseline
-    that moves (a neighbour process) and requests that grow (bigger inputs). When in-flight barely
-    varies (a saturated gate), the slope cannot be fitted; the last good slope is kept and only the
-    baseline moves to explain what is seen.
+    The manual recipe is "measure used memory with nothing running, then with one request, and
+    take the difference". Done continuously: samples with nothing in flight give the baseline;
+    every other sample gives `(used - baseline) / in_flight`, one request's share.
+
+    With requests always in flight, a baseline that moved (a neighbour process) and requests that
+    grew (bigger inputs) look the same from one sample. The model then reads the change as grown
+    requests, which is the cautious reading: the cap it gives is never above the one the truth
+    would give while memory is below target. The baseline is corrected at the next idle moment,
+    and never left above what a sample shows. The per-request share rises fast (ten times faster
+    than it falls, with a fall half-life of `halflife_s`): being late to see growth costs OOMs,
+    being late to see shrinkage costs a little throughput.
     """
 
     def __init__(self, *, halflife_s: float = 5.0, min_request_fraction: float = 0.001) -> None:
@@ -131,38 +138,54 @@ class MemoryModel:
         self._halflife_s = halflife_s
         self._min_request_fraction = min_request_fraction
         self._last_s: float | None = None
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
-        self._per_request: float | None = None
         self._baseline: float | None = None
+        self._per_request: float | None = None
         self._total_bytes = 0
+        self._fit = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, sum x, sum y, sum xx, sum xy
+        self._lowest_used = math.inf
         self.samples = 0
 
     def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
-        if self._last_s is not None:
-            decay = 0.5 ** (max(0.0, now_s - self._last_s) / self._halflife_s)
-            self._w, self._x, self._y = self._w * decay, self._x * decay, self._y * decay
-            self._xx, self._xy = self._xx * decay, self._xy * decay
+        elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
         self._last_s = now_s
         self._total_bytes = total_bytes
-        x, y = float(in_flight), float(used_bytes)
-        self._w += 1.0
-        self._x += x
-        self._y += y
-        self._xx += x * x
-        self._xy += x * y
         self.samples += 1
-        self._refit()
+        used = float(used_bytes)
+        if in_flight <= 0:
+            self._baseline = used if self._baseline is None else self._baseline + 0.5 * (used - self._baseline)
+            return
+        if self._baseline is None:
+            self._fit_baseline(in_flight, used)
+            return
+        self._baseline = min(self._baseline, used)
+        share = (used - self._baseline) / in_flight
+        if share < self._min_request_fraction * total_bytes:
+            return  # requests that hold (next to) nothing: no cap to learn from this sample
+        if self._per_request is None:
+            self._per_request = share
+            return
+        halflife_s = self._halflife_s / 10 if share > self._per_request else self._halflife_s
+        weight = 1.0 - 0.5 ** (elapsed_s / halflife_s) if elapsed_s > 0 else 0.5
+        self._per_request += weight * (share - self._per_request)
 
-    def _refit(self) -> None:
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        var_x = self._xx / self._w - mean_x * mean_x
-        # A spread of about a third of a request in the recent window is enough to see the slope.
-        if var_x > 0.1:
-            slope = (self._xy / self._w - mean_x * mean_y) / var_x
-            if slope > self._min_request_fraction * self._total_bytes:
-                self._per_request = slope
-        per_request = self._per_request if self._per_request is not None else 0.0
-        self._baseline = max(0.0, mean_y - per_request * mean_x)
+    def _fit_baseline(self, in_flight: int, used: float) -> None:
+        """Busy from the start, never idle: fit a line through the busy samples instead."""
+        x = float(in_flight)
+        self._fit[0] += 1
+        self._fit[1] += x
+        self._fit[2] += used
+        self._fit[3] += x * x
+        self._fit[4] += x * used
+        self._lowest_used = min(self._lowest_used, used)
+        n, sx, sy, sxx, sxy = self._fit
+        var_x = sxx / n - (sx / n) ** 2
+        if n < 5 or var_x < 0.25:
+            return
+        slope = (sxy / n - sx / n * sy / n) / var_x
+        if slope < self._min_request_fraction * self._total_bytes:
+            return
+        self._baseline = min(self._lowest_used, max(0.0, sy / n - slope * sx / n))
+        self._per_request = slope
 
     def estimate(self) -> MemoryEstimate | None:
         if self._per_request is None or self._baseline is None:
@@ -203,6 +226,9 @@ class AIMD(_Bounds):
     * `memory_halflife_s=5.0`: how fast the memory model forgets (follows neighbours and inputs).
     * `knee_gain=0.5`: growth needs at least this fraction of the ideal throughput gain of one more
       concurrent request, judged from latency at each concurrency; 0 turns the latency brake off.
+    * `oom_hold_s=30.0`: after an OOM at limit N, the limit does not climb back to N for this long
+      (doubled at each further OOM at N or below, up to `max_oom_hold_s=600.0`). Where memory cannot
+      be measured, this is what stops AIMD from paying an OOM on every probe of a known-bad limit.
     """
 
     def __init__(
@@ -217,6 +243,8 @@ class AIMD(_Bounds):
         target_utilisation: float = 0.9,
         memory_halflife_s: float = 5.0,
         knee_gain: float = 0.5,
+        oom_hold_s: float = 30.0,
+        max_oom_hold_s: float = 600.0,
     ) -> None:
         if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
             raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
@@ -232,6 +260,10 @@ class AIMD(_Bounds):
         if not 0.0 <= knee_gain <= 1.0:
             raise ValueError(f"knee_gain must be in [0, 1], got {knee_gain}")
         self.knee_gain = float(knee_gain)
+        if not 0 <= oom_hold_s <= max_oom_hold_s:
+            raise ValueError(f"need 0 <= oom_hold_s <= max_oom_hold_s, got {oom_hold_s} and {max_oom_hold_s}")
+        self.oom_hold_s = float(oom_hold_s)
+        self.max_oom_hold_s = float(max_oom_hold_s)
         self.memory = MemoryModel(halflife_s=memory_halflife_s)
 
         self._aimd_limit = 1
@@ -244,6 +276,10 @@ class AIMD(_Bounds):
         self._last_pressure_cut_s = -math.inf
         self._latency_s_by_concurrency: dict[int, float] = {}
         self.ooms_seen = 0
+        # The lowest limit that ran out of memory lately, until when to stay below it, and the hold.
+        self._oom_ceiling: int | None = None
+        self._oom_ceiling_until_s = -math.inf
+        self._oom_hold_now_s = self.oom_hold_s
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -264,8 +300,8 @@ class AIMD(_Bounds):
         self._aimd_limit = self._clamp(min_limit if initial_limit is None else initial_limit)
         self._update("start")
 
-    def on_success(self, *, now_s: float, latency_s: float, concurrency: int, demand: bool) -> None:
-        self._record_latency(max(1, concurrency), latency_s)
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        self._record_latency(max(1, round(concurrency)), latency_s)
         if not demand or self._over_watermark:
             return
         if self._aimd_limit > self._limit:
@@ -278,13 +314,26 @@ class AIMD(_Bounds):
         if self._past_knee(self._aimd_limit):
             self._in_slow_start = False
             return
-        self._aimd_limit = min(self.max_limit, self._aimd_limit + self.increase_step)
+        grown = min(self.max_limit, self._aimd_limit + self.increase_step)
+        if self._oom_ceiling is not None and grown >= self._oom_ceiling:
+            if now_s < self._oom_ceiling_until_s:
+                return  # this limit ran out of memory lately: stay under it for now
+            self._oom_ceiling = None
+        self._aimd_limit = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
 
-    def on_oom(self, *, now_s: float, epoch: int | None) -> None:
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
+        """An out-of-memory error while `in_flight` requests (the failed one included) ran."""
         self.ooms_seen += 1
         if epoch is not None and epoch < self._epoch:
             return  # admitted under a limit that was already cut for this congestion event
+        ran_out_at = max(self.min_limit + 1, in_flight)
+        if self._oom_ceiling is not None and ran_out_at >= self._oom_ceiling:
+            self._oom_hold_now_s = min(self.max_oom_hold_s, self._oom_hold_now_s * 2)  # a known-bad limit, again
+        else:
+            self._oom_hold_now_s = self.oom_hold_s
+        self._oom_ceiling = ran_out_at if self._oom_ceiling is None else min(self._oom_ceiling, ran_out_at)
+        self._oom_ceiling_until_s = now_s + self._oom_hold_now_s
         self._cut(self.oom_backoff, "out of memory")
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
@@ -306,6 +355,7 @@ class AIMD(_Bounds):
             "slow_start": self._in_slow_start,
             "epoch": self._epoch,
             "over_watermark": self._over_watermark,
+            "oom_ceiling": self._oom_ceiling,
             "memory_model": None
             if est is None
             else {
@@ -361,7 +411,9 @@ class AIMD(_Bounds):
             (c for c in range(limit - 1, 0, -1) if c in self._latency_s_by_concurrency),
             None,
         )
-        if at_limit is None or below is None or at_limit <= 0:
+        if at_limit is None:
+            return True  # never ran this many at once yet: no evidence that one more would pay
+        if below is None or at_limit <= 0:
             return False
         below_latency_s = self._latency_s_by_concurrency[below]
         if below_latency_s <= 0:

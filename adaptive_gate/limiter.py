@@ -19,7 +19,9 @@ event loop, so it can be checked exhaustively; `acquire` is the thin async layer
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -67,7 +69,7 @@ def _check_limit(limit: object) -> int:
 
 
 class Limiter:
-    def __init__(self, limit: int, *, max_queue: int) -> None:
+    def __init__(self, limit: int, *, max_queue: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = _check_limit(limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
@@ -75,6 +77,9 @@ class Limiter:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self._max_queue = max_queue
         self._in_flight = 0
+        self._clock = clock
+        self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
+        self._busy_since_s = clock()
         # An OrderedDict gives O(1) append, O(1) pop from the front and O(1) removal from the
         # middle (a waiter that gives up), which a deque cannot do; 10,000 waiters stay cheap.
         self._waiters: OrderedDict[Waiter, None] = OrderedDict()
@@ -100,6 +105,18 @@ class Limiter:
     def max_queue(self) -> int:
         return self._max_queue
 
+    def busy_area(self) -> float:
+        """Slot-seconds held so far. Over an interval, its growth divided by the interval's length
+        is the mean concurrency during it: what a request really ran alongside."""
+        now_s = self._clock()
+        return self._busy_area + self._in_flight * (now_s - self._busy_since_s)
+
+    def _set_in_flight(self, value: int) -> None:
+        now_s = self._clock()
+        self._busy_area += self._in_flight * (now_s - self._busy_since_s)
+        self._busy_since_s = now_s
+        self._in_flight = value
+
     def statistics(self) -> LimiterStatistics:
         return LimiterStatistics(self._limit, self._in_flight, len(self._waiters), self._max_queue)
 
@@ -109,7 +126,7 @@ class Limiter:
         """Take a slot if one is free and nobody is waiting for it."""
         if self._waiters or self._in_flight >= self._limit:
             return False
-        self._in_flight += 1
+        self._set_in_flight(self._in_flight + 1)
         return True
 
     def join(self) -> Waiter:
@@ -131,13 +148,13 @@ class Limiter:
     def release(self) -> None:
         if self._in_flight <= 0:
             raise RuntimeError("release() called more times than slots were acquired")
-        self._in_flight -= 1
+        self._set_in_flight(self._in_flight - 1)
         self._hand_over()
 
     def _hand_over(self) -> None:
         while self._waiters and self._in_flight < self._limit:
             waiter, _ = self._waiters.popitem(last=False)
-            self._in_flight += 1
+            self._set_in_flight(self._in_flight + 1)
             waiter._wake()
 
     # -- async layer ----------------------------------------------------------------------------

@@ -62,11 +62,12 @@ def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> floa
 class _Slot:
     """One admitted request's hold on the limiter; given back exactly once, whatever happens."""
 
-    __slots__ = ("gate", "admitted_s", "epoch", "released", "informative")
+    __slots__ = ("gate", "admitted_s", "busy_area_at_admission", "epoch", "released", "informative")
 
     def __init__(self, gate: AdaptiveGate, epoch: int) -> None:
         self.gate = gate
         self.admitted_s = time.monotonic()
+        self.busy_area_at_admission = gate.limiter.busy_area()
         self.epoch = epoch
         self.released = False
         # A 4xx/5xx answer says nothing about capacity: it gives the controller no latency sample.
@@ -290,20 +291,23 @@ class AdaptiveGate:
     def _on_release(self, slot: _Slot, *, success: bool) -> None:
         now_s = time.monotonic()
         in_flight = self.limiter.in_flight
+        busy_area = self.limiter.busy_area()
         self.limiter.release()
         if not success:
             return
         latency_s = now_s - slot.admitted_s
+        # The mean number of requests this one ran alongside (itself included), not a snapshot.
+        concurrency = (busy_area - slot.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
         self.counters.completed += 1
         self.service_s.add(latency_s)
         demand = self.limiter.queued > 0 or in_flight >= self.limiter.limit
-        self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=in_flight, demand=demand)
+        self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
         self._apply_limit()
 
     def _record_oom(self, epoch: int) -> None:
         self.counters.ooms += 1
         self._ooms_from_errors += 1
-        self.controller.on_oom(now_s=time.monotonic(), epoch=epoch)
+        self.controller.on_oom(now_s=time.monotonic(), epoch=epoch, in_flight=self.limiter.in_flight)
         self._apply_limit()
 
     def _on_sample(self, sample: MemorySample) -> None:
@@ -326,7 +330,7 @@ class AdaptiveGate:
             self._ooms_from_probe_counted += unseen
             self.counters.ooms += unseen
             # Cut at most once for what happened since the previous sample.
-            self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch)
+            self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch
 
     def _on_probe_error(self, message: str) -> None:

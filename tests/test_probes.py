@@ -1,0 +1,170 @@
+"""Probes against fakes of pynvml and torch.cuda: these pass without a GPU. The GPU script runs the real ones."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from adaptive_gate.memory import MemorySample
+from adaptive_gate.probes import CombinedProbe, NvmlProbe, ProbeUnavailable, TorchCudaProbe, auto_probe
+
+GiB = 2**30
+
+
+class FakeNvml(types.ModuleType):
+    """Two cards in PCI order; memory info v2 optional; records how devices were looked up."""
+
+    class NVMLError(Exception):
+        pass
+
+    nvmlMemory_v2 = 0x02000028
+
+    def __init__(self, *, v2: bool = True, init_error: bool = False) -> None:
+        super().__init__("pynvml")
+        self.v2 = v2
+        self.init_error = init_error
+        self.lookups: list[tuple[str, Any]] = []
+        self.cards = [
+            {"uuid": "GPU-aaaa", "pci": "00000000:01:00.0", "name": "Slow Card", "used": 1 * GiB, "total": 16 * GiB},
+            {"uuid": "GPU-bbbb", "pci": "00000000:41:00.0", "name": "Fast Card", "used": 5 * GiB, "total": 80 * GiB},
+        ]
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
+        self.lookups.append(("index", index))
+        return self.cards[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> dict[str, Any]:
+        self.lookups.append(("uuid", uuid))
+        return next(card for card in self.cards if card["uuid"] == uuid)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str) -> dict[str, Any]:
+        self.lookups.append(("pci", bus_id))
+        return next(card for card in self.cards if card["pci"] == bus_id)
+
+    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> bytes:
+        return str(handle["name"]).encode()
+
+    def nvmlDeviceGetUUID(self, handle: dict[str, Any]) -> str:
+        return str(handle["uuid"])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any], version: int | None = None) -> Any:
+        if version is not None and not self.v2:
+            raise self.NVMLError("Function Not Found")
+        info = types.SimpleNamespace(used=handle["used"], total=handle["total"], free=handle["total"] - handle["used"])
+        if version is not None:
+            info.reserved = 300 * 2**20
+        return info
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> list[object]:
+        return [object(), object()]
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """torch.cuda on a machine with one visible card (the fast one, CUDA's device 0)."""
+    state: dict[str, Any] = {"free": 60 * GiB, "total": 80 * GiB, "allocated": 10 * GiB, "reserved": 14 * GiB}
+    state["ooms"] = 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], state["total"]))
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats",
+        lambda device=None: {
+            "allocated_bytes.all.current": state["allocated"],
+            "reserved_bytes.all.current": state["reserved"],
+            "num_ooms": state["ooms"],
+        },
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(uuid="bbbb"))
+    return state
+
+
+def test_nvml_by_index_uuid_and_pci(nvml: FakeNvml) -> None:
+    assert NvmlProbe(0).sample() == MemorySample(1 * GiB, 16 * GiB)
+    assert NvmlProbe("GPU-bbbb").sample().total_bytes == 80 * GiB
+    assert NvmlProbe("bbbb").sample().total_bytes == 80 * GiB  # torch's bare UUID
+    assert NvmlProbe("00000000:41:00.0").sample().total_bytes == 80 * GiB
+    assert ("uuid", "GPU-bbbb") in nvml.lookups and ("pci", "00000000:41:00.0") in nvml.lookups
+
+
+def test_nvml_reads_v2_and_falls_back_to_v1(nvml: FakeNvml) -> None:
+    probe = NvmlProbe(0)
+    assert probe.memory_info() == (1 * GiB, 16 * GiB, 300 * 2**20)
+    nvml.v2 = False
+    assert probe.memory_info() == (1 * GiB, 16 * GiB, None)
+    assert probe.process_count() == 2
+
+
+def test_nvml_missing_or_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(ProbeUnavailable, match="nvidia-ml-py is not installed"):
+        NvmlProbe(0)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=True))
+    with pytest.raises(ProbeUnavailable, match="Library Not Found"):
+        NvmlProbe(0)
+
+
+def test_torch_probe_does_not_count_the_allocator_cache(fake_cuda: dict[str, Any]) -> None:
+    sample = TorchCudaProbe(0).sample()
+    # 20 GiB used on the card, of which 4 GiB is PyTorch's cache (reserved - allocated): 16 GiB really taken.
+    assert sample == MemorySample(16 * GiB, 80 * GiB, 3)
+
+
+def test_torch_probe_needs_cuda() -> None:
+    if torch.cuda.is_available():  # pragma: no cover - this suite runs on CPU machines
+        pytest.fail("this test expects a CPU-only torch")
+    with pytest.raises(ProbeUnavailable, match="is_available"):
+        TorchCudaProbe(0)
+
+
+def test_combined_probe(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
+    probe = CombinedProbe(NvmlProbe("GPU-bbbb"), TorchCudaProbe(0))
+    assert probe.sample() == MemorySample(1 * GiB, 80 * GiB, 3)  # 5 GiB on NVML minus the 4 GiB cache
+
+
+def test_auto_maps_cuda_to_nvml_by_uuid_never_by_index(
+    nvml: FakeNvml, fake_cuda: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA's device 0 is NVML's device 1
+    probe, line = auto_probe()
+    assert isinstance(probe, CombinedProbe) and "Fast Card" in line
+    assert nvml.lookups == [("uuid", "GPU-bbbb")]
+    assert probe.sample().total_bytes == 80 * GiB
+
+
+def test_auto_without_torch_uses_a_uuid_from_cuda_visible_devices(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-aaaa")
+    probe, line = auto_probe()
+    assert isinstance(probe, NvmlProbe) and probe.uuid == "GPU-bbbb"
+    assert "torch not imported" in line
+
+
+def test_auto_with_nothing_runs_without_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    probe, line = auto_probe()
+    assert probe is None
+    assert "OOM and latency signals" in line and "nvidia-ml-py is not installed" in line
+
+
+def test_auto_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch, fake_cuda: dict[str, Any]) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=True))
+    probe, line = auto_probe()
+    assert isinstance(probe, TorchCudaProbe) and "NVML unavailable" in line

@@ -1,0 +1,122 @@
+"""Probe faults: raising, hanging and slow probes never reach the service."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from adaptive_gate import AdaptiveGate, MemorySample
+
+from .conftest import find_gate
+from .test_middleware import wait_until
+
+pytestmark = pytest.mark.anyio
+
+GiB = 2**30
+
+
+def app_with(probe: object, **options: object) -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=probe, sample_period=0.01, probe_timeout=0.05, **options)
+
+    @app.post("/infer", tags=["gpu"])
+    async def infer() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+class Probe:
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.calls = 0
+        self.release = threading.Event()
+
+    def sample(self) -> MemorySample:
+        self.calls += 1
+        if self.behaviour == "raise":
+            raise OSError("driver gone")
+        if self.behaviour == "hang":
+            self.release.wait(5)
+        if self.behaviour == "slow":
+            time.sleep(0.03)  # slower than the period, within the timeout
+        if self.behaviour == "wrong":
+            return {"used": 1}  # type: ignore[return-value]
+        return MemorySample(1 * GiB, 8 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "error"),
+    [("raise", "driver gone"), ("hang", "did not answer within"), ("wrong", "not a MemorySample")],
+)
+async def test_faulty_probe_is_reported_and_requests_still_flow(behaviour: str, error: str) -> None:
+    probe = Probe(behaviour)
+    app = app_with(probe)
+    threads_before = threading.active_count()
+    async with LifespanManager(app) as manager:
+        gate = find_gate(app)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
+            await wait_until(lambda: gate.probe_state.errors >= 2)
+            with anyio.fail_after(2):
+                assert (await client.post("/infer")).status_code == 200
+            status = (await client.get("/gate/status")).json()
+        assert status["probe"]["healthy"] is False and error in status["probe"]["last_error"]
+        if behaviour == "hang":
+            # One stuck call at a time, on the sampler's own thread: the shared pool is not drained.
+            assert probe.calls <= 3
+            assert threading.active_count() <= threads_before + 2
+        probe.release.set()
+    assert not gate._sampler.running  # type: ignore[union-attr]
+
+
+async def test_failures_back_off() -> None:
+    probe = Probe("raise")
+    async with LifespanManager(app_with(probe)):
+        await anyio.sleep(0.5)
+    # At a 10 ms period, 50 calls would be made without backoff; doubling waits make far fewer.
+    assert 2 <= probe.calls <= 12
+
+
+async def test_slow_probe_still_samples() -> None:
+    probe = Probe("slow")
+    app = app_with(probe)
+    async with LifespanManager(app):
+        gate = find_gate(app)
+        await wait_until(lambda: gate.controller.memory.samples >= 3)  # type: ignore[attr-defined]
+        assert gate.probe_state.last_error is None
+
+
+async def test_recovers_when_the_probe_does() -> None:
+    probe = Probe("raise")
+    app = app_with(probe)
+    async with LifespanManager(app):
+        gate = find_gate(app)
+        await wait_until(lambda: gate.probe_state.errors >= 1)
+        probe.behaviour = "ok"
+        await wait_until(lambda: gate.probe_state.last_error is None, timeout_s=8)
+        assert gate.probe_state.last_sample == MemorySample(1 * GiB, 8 * GiB)
+
+
+async def test_sampling_starts_at_the_first_request_without_lifespan() -> None:
+    probe = Probe("ok")
+    app = app_with(probe)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        assert (await client.post("/infer")).status_code == 200
+        gate = find_gate(app)
+        await wait_until(lambda: probe.calls >= 2)
+        await gate.aclose()
+    assert not gate._sampler.running  # type: ignore[union-attr]
+
+
+async def test_probe_none_never_samples() -> None:
+    app = app_with(None)
+    async with LifespanManager(app) as manager:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
+            status = (await client.get("/gate/status")).json()
+    assert status["memory"] is None and "probe=None" in status["probe"]["description"]
