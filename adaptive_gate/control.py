@@ -226,6 +226,7 @@ class AIMD(_Bounds):
     * `memory_halflife_s=5.0`: how fast the memory model forgets (follows neighbours and inputs).
     * `knee_gain=0.5`: growth needs at least this fraction of the ideal throughput gain of one more
       concurrent request, judged from latency at each concurrency; 0 turns the latency brake off.
+      Latency seen more than `knee_memory_s=30.0` ago is forgotten, so the brake cannot stick.
     * `oom_hold_s=30.0`: after an OOM at limit N, the limit does not climb back to N for this long
       (doubled at each further OOM at N or below, up to `max_oom_hold_s=600.0`). Where memory cannot
       be measured, this is what stops AIMD from paying an OOM on every probe of a known-bad limit.
@@ -243,6 +244,7 @@ class AIMD(_Bounds):
         target_utilisation: float = 0.9,
         memory_halflife_s: float = 5.0,
         knee_gain: float = 0.5,
+        knee_memory_s: float = 30.0,
         oom_hold_s: float = 30.0,
         max_oom_hold_s: float = 600.0,
     ) -> None:
@@ -260,6 +262,9 @@ class AIMD(_Bounds):
         if not 0.0 <= knee_gain <= 1.0:
             raise ValueError(f"knee_gain must be in [0, 1], got {knee_gain}")
         self.knee_gain = float(knee_gain)
+        if knee_memory_s <= 0:
+            raise ValueError(f"knee_memory_s must be > 0, got {knee_memory_s}")
+        self.knee_memory_s = float(knee_memory_s)
         if not 0 <= oom_hold_s <= max_oom_hold_s:
             raise ValueError(f"need 0 <= oom_hold_s <= max_oom_hold_s, got {oom_hold_s} and {max_oom_hold_s}")
         self.oom_hold_s = float(oom_hold_s)
@@ -274,12 +279,16 @@ class AIMD(_Bounds):
         self._in_slow_start = self.slow_start
         self._over_watermark = False
         self._last_pressure_cut_s = -math.inf
-        self._latency_s_by_concurrency: dict[int, float] = {}
+        # concurrency -> (latency EWMA, when last seen)
+        self._latency_s_by_concurrency: dict[int, tuple[float, float]] = {}
         self.ooms_seen = 0
         # The lowest limit that ran out of memory lately, until when to stay below it, and the hold.
         self._oom_ceiling: int | None = None
         self._oom_ceiling_until_s = -math.inf
         self._oom_hold_now_s = self.oom_hold_s
+        self._last_oom_s = -math.inf
+        self._knee_ceiling = math.inf
+        self._knee_until_s = -math.inf
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -301,7 +310,7 @@ class AIMD(_Bounds):
         self._update("start")
 
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
-        self._record_latency(max(1, round(concurrency)), latency_s)
+        self._record_latency(max(1, round(concurrency)), latency_s, now_s)
         if not demand or self._over_watermark:
             return
         if self._aimd_limit > self._limit:
@@ -311,14 +320,21 @@ class AIMD(_Bounds):
         if self._window_successes < window:
             return
         self._window_successes = 0
-        if self._past_knee(self._aimd_limit):
+        past_knee = self._past_knee(self._aimd_limit, now_s)
+        if past_knee is None:
+            return  # not enough recent latency to judge one more: wait for it
+        if past_knee:
+            # The last step bought no throughput, only latency: take it back, and hold off a while.
             self._in_slow_start = False
+            self._knee_ceiling, self._knee_until_s = self._aimd_limit, now_s + self.knee_memory_s
+            self._aimd_limit = max(self.min_limit, self._aimd_limit - 1)
+            self._update("throughput knee")
             return
         grown = min(self.max_limit, self._aimd_limit + self.increase_step)
-        if self._oom_ceiling is not None and grown >= self._oom_ceiling:
-            if now_s < self._oom_ceiling_until_s:
-                return  # this limit ran out of memory lately: stay under it for now
-            self._oom_ceiling = None
+        if self._oom_ceiling is not None and grown >= self._oom_ceiling and now_s < self._oom_ceiling_until_s:
+            return  # this many ran out of memory lately: stay under it for now
+        if grown >= self._knee_ceiling and now_s < self._knee_until_s:
+            return  # this many bought nothing lately
         self._aimd_limit = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
 
@@ -328,13 +344,15 @@ class AIMD(_Bounds):
         if epoch is not None and epoch < self._epoch:
             return  # admitted under a limit that was already cut for this congestion event
         ran_out_at = max(self.min_limit + 1, in_flight)
+        if now_s - self._last_oom_s > self.max_oom_hold_s:
+            self._oom_ceiling, self._oom_hold_now_s = None, self.oom_hold_s  # long quiet: forget it
         if self._oom_ceiling is not None and ran_out_at >= self._oom_ceiling:
-            self._oom_hold_now_s = min(self.max_oom_hold_s, self._oom_hold_now_s * 2)  # a known-bad limit, again
+            self._oom_hold_now_s = min(self.max_oom_hold_s, self._oom_hold_now_s * 2)  # a known-bad level, again
         else:
-            self._oom_hold_now_s = self.oom_hold_s
-        self._oom_ceiling = ran_out_at if self._oom_ceiling is None else min(self._oom_ceiling, ran_out_at)
+            self._oom_ceiling, self._oom_hold_now_s = ran_out_at, self.oom_hold_s
+        self._last_oom_s = now_s
         self._oom_ceiling_until_s = now_s + self._oom_hold_now_s
-        self._cut(self.oom_backoff, "out of memory")
+        self._cut(self.oom_backoff, "out of memory", ran_out_at=ran_out_at)
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
@@ -387,37 +405,46 @@ class AIMD(_Bounds):
             self._reason = reason
             self._limit = new_limit
 
-    def _cut(self, factor: float, reason: str) -> None:
+    def _cut(self, factor: float, reason: str, *, ran_out_at: int | None = None) -> None:
         current = self._limit
         cut_to = min(math.floor(current * factor), current - 1)
+        if ran_out_at is not None:
+            cut_to = min(cut_to, ran_out_at - 1)  # memory ran out with that many: go below it
         self._aimd_limit = max(self.min_limit, cut_to)
         self._in_slow_start = False
         self._window_successes = 0
         self._epoch += 1
         self._update(reason)
 
-    def _record_latency(self, concurrency: int, latency_s: float) -> None:
+    def _record_latency(self, concurrency: int, latency_s: float, now_s: float) -> None:
         previous = self._latency_s_by_concurrency.get(concurrency)
-        self._latency_s_by_concurrency[concurrency] = (
-            latency_s if previous is None else previous + 0.2 * (latency_s - previous)
-        )
+        if previous is None or now_s - previous[1] > self.knee_memory_s:
+            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s)
+        else:
+            self._latency_s_by_concurrency[concurrency] = (previous[0] + 0.2 * (latency_s - previous[0]), now_s)
 
-    def _past_knee(self, limit: int) -> bool:
-        """Whether running `limit` at once bought less than `knee_gain` of the ideal gain over fewer."""
+    def _recent_latency_s(self, concurrency: int, now_s: float) -> float | None:
+        seen = self._latency_s_by_concurrency.get(concurrency)
+        if seen is None or now_s - seen[1] > self.knee_memory_s:
+            return None
+        return seen[0]
+
+    def _past_knee(self, limit: int, now_s: float) -> bool | None:
+        """Whether running `limit` at once bought less than `knee_gain` of the ideal gain over fewer.
+
+        None when it cannot be told: this many did not run at once lately.
+        """
         if self.knee_gain <= 0 or limit < 2:
             return False
-        at_limit = self._latency_s_by_concurrency.get(limit)
-        below = next(
-            (c for c in range(limit - 1, 0, -1) if c in self._latency_s_by_concurrency),
-            None,
-        )
-        if at_limit is None:
-            return True  # never ran this many at once yet: no evidence that one more would pay
-        if below is None or at_limit <= 0:
+        at_limit_s = self._recent_latency_s(limit, now_s)
+        if at_limit_s is None:
+            return None
+        below = next((c for c in range(limit - 1, 0, -1) if self._recent_latency_s(c, now_s) is not None), None)
+        if below is None or at_limit_s <= 0:
             return False
-        below_latency_s = self._latency_s_by_concurrency[below]
+        below_latency_s = self._recent_latency_s(below, now_s) or 0.0
         if below_latency_s <= 0:
             return False
-        gain = (limit / at_limit) / (below / below_latency_s)
+        gain = (limit / at_limit_s) / (below / below_latency_s)
         ideal = limit / below
         return gain < 1.0 + self.knee_gain * (ideal - 1.0)

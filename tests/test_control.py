@@ -1,0 +1,264 @@
+"""Controllers as state machines: unit tests and hypothesis properties over any event sequence."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_gate import AIMD, Fixed, MemorySample
+from adaptive_gate.control import Controller, MemoryModel
+
+GiB = 2**30
+TOTAL = 24 * GiB
+
+
+def bound(controller: AIMD | Fixed, min_limit: int = 1, max_limit: int = 64, initial: int | None = None) -> None:
+    controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial)
+
+
+def successes(c: AIMD, n: int, *, now_s: float = 0.0, latency_s: float = 0.1, demand: bool = True) -> None:
+    for _ in range(n):
+        c.on_success(now_s=now_s, latency_s=latency_s, concurrency=c.limit, demand=demand)
+
+
+def test_both_controllers_follow_the_protocol() -> None:
+    assert isinstance(AIMD(), Controller) and isinstance(Fixed(3), Controller)
+
+
+def test_slow_start_then_additive_increase() -> None:
+    c = AIMD(knee_gain=0)
+    bound(c)
+    successes(c, 1)
+    assert c.limit == 2 and c.reason == "slow start"
+    c.on_oom(now_s=0, epoch=c.epoch, in_flight=2)
+    assert c.limit == 1
+    successes(c, 1, now_s=100)
+    assert c.limit == 2 and c.reason == "additive increase"
+    successes(c, 1, now_s=100)
+    assert c.limit == 2  # a window is `limit` successes
+    successes(c, 1, now_s=100)
+    assert c.limit == 3
+
+
+def test_no_growth_without_demand() -> None:
+    c = AIMD(knee_gain=0)
+    bound(c)
+    successes(c, 50, demand=False)
+    assert c.limit == 1
+
+
+def test_oom_cuts_once_per_congestion_event() -> None:
+    c = AIMD()
+    bound(c, initial=16)
+    admitted_epoch = c.epoch
+    for _ in range(10):  # one over-admission, ten OOMs
+        c.on_oom(now_s=1.0, epoch=admitted_epoch, in_flight=16)
+    assert c.limit == 8 and c.ooms_seen == 10 and c.epoch == admitted_epoch + 1
+
+
+def test_oom_always_cuts_at_least_one_step_and_never_below_min() -> None:
+    c = AIMD(oom_backoff=0.99)
+    bound(c, min_limit=2, initial=3)
+    c.on_oom(now_s=0, epoch=c.epoch, in_flight=3)
+    assert c.limit == 2
+    c.on_oom(now_s=0, epoch=c.epoch, in_flight=2)
+    assert c.limit == 2
+
+
+def test_oom_ceiling_holds_then_lets_the_limit_probe_again() -> None:
+    c = AIMD(knee_gain=0, oom_hold_s=30)
+    bound(c, initial=4)
+    c.on_oom(now_s=0, epoch=c.epoch, in_flight=4)
+    assert c.limit == 2
+    successes(c, 100, now_s=10)
+    assert c.limit == 3  # 4 ran out of memory ten seconds ago
+    successes(c, 100, now_s=31)
+    assert c.limit > 3
+    c.on_oom(now_s=31, epoch=c.epoch, in_flight=4)
+    successes(c, 100, now_s=80)  # the second OOM at 4 doubled the hold to 60 s
+    assert c.limit == 3
+    successes(c, 100, now_s=92)
+    assert c.limit > 3
+
+
+def test_high_watermark_cuts_gently_and_stops_growth() -> None:
+    c = AIMD(knee_gain=0, pressure_cooldown_s=1.0)
+    bound(c, initial=10)
+    c.on_sample(now_s=0, sample=MemorySample(int(0.97 * TOTAL), TOTAL), in_flight=10)
+    assert c.limit == 9 and c.reason == "memory above high watermark"
+    c.on_sample(now_s=0.5, sample=MemorySample(int(0.97 * TOTAL), TOTAL), in_flight=9)
+    assert c.limit == 9  # cooldown
+    successes(c, 100, now_s=0.6)
+    assert c.limit == 9  # no growth above the watermark
+    c.on_sample(now_s=0.7, sample=MemorySample(int(0.5 * TOTAL), TOTAL), in_flight=9)
+    successes(c, 100, now_s=0.8)
+    assert c.limit > 9
+
+
+def test_memory_cap_from_idle_and_busy_samples() -> None:
+    c = AIMD(knee_gain=0)
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    c.on_sample(now_s=0.1, sample=MemorySample(11 * GiB, TOTAL), in_flight=1)
+    described = c.describe()["memory_model"]
+    assert described["baseline_bytes"] == 8 * GiB and described["per_request_bytes"] == 3 * GiB
+    assert described["cap"] == 4  # floor((0.9 * 24 - 8) / 3)
+    successes(c, 500)
+    assert c.limit == 4 and c.describe()["bound"] == "memory_cap"
+
+
+def test_memory_model_reads_growth_cautiously_and_relaxes() -> None:
+    model = MemoryModel(halflife_s=5)
+    model.add(0, 0, 8 * GiB, TOTAL)
+    model.add(1, 2, 14 * GiB, TOTAL)
+    assert model.cap(0.9) == 4
+    for i in range(20):  # inputs doubled: each request now holds 6 GiB
+        model.add(2 + i * 0.1, 2, 20 * GiB, TOTAL)
+    assert model.cap(0.9) == 2
+    for i in range(400):  # back to 3 GiB: the share falls back, more slowly
+        model.add(4 + i * 0.1, 2, 14 * GiB, TOTAL)
+    assert model.cap(0.9) == 4
+
+
+def test_memory_model_follows_a_neighbour_seen_at_an_idle_moment() -> None:
+    model = MemoryModel()
+    model.add(0, 0, 8 * GiB, TOTAL)
+    model.add(1, 1, 11 * GiB, TOTAL)
+    for i in range(10):
+        model.add(2 + i * 0.1, 0, 14 * GiB, TOTAL)  # a neighbour took 6 GiB
+    model.add(4, 1, 17 * GiB, TOTAL)
+    estimate = model.estimate()
+    assert estimate is not None and abs(estimate.baseline_bytes - 14 * GiB) < 0.05 * GiB
+    assert model.cap(0.9) == 2
+
+
+def test_memory_model_busy_from_the_start_fits_a_line() -> None:
+    model = MemoryModel()
+    for i, in_flight in enumerate([1, 2, 3, 2, 1, 3, 2]):
+        model.add(i * 0.1, in_flight, 8 * GiB + in_flight * 3 * GiB, TOTAL)
+    assert model.cap(0.9) == 4
+
+
+def test_fixed_is_clamped_and_deaf() -> None:
+    c = Fixed(100)
+    bound(c, max_limit=8)
+    assert c.limit == 8
+    c.on_oom(now_s=0, epoch=0, in_flight=8)
+    assert c.limit == 8
+
+
+def test_a_controller_serves_one_gate() -> None:
+    c = AIMD()
+    bound(c, max_limit=8)
+    with pytest.raises(RuntimeError, match="already used by another gate"):
+        bound(c, max_limit=16)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"oom_backoff": 1.0}, "oom_backoff"),
+        ({"pressure_backoff": 0}, "pressure_backoff"),
+        ({"high_watermark": 1.5}, "high_watermark"),
+        ({"target_utilisation": 0}, "target_utilisation"),
+        ({"increase_step": 0}, "increase_step"),
+        ({"knee_gain": 2}, "knee_gain"),
+        ({"memory_halflife_s": 0}, "halflife_s"),
+        ({"oom_hold_s": 700}, "oom_hold_s"),
+    ],
+)
+def test_bad_knobs(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AIMD(**kwargs)  # type: ignore[arg-type]
+
+
+def test_latency_brake_stops_at_the_knee() -> None:
+    c = AIMD()
+    bound(c)
+    # Throughput saturates at 4 at once: latency 0.1 s up to 4, then grows in proportion.
+    for step in range(200):
+        concurrency = c.limit
+        latency_s = 0.1 * max(1.0, concurrency / 4)
+        c.on_success(now_s=step * 0.01, latency_s=latency_s, concurrency=concurrency, demand=True)
+    assert c.limit in (4, 5)  # the knee, or one probing step past it
+    assert c.describe()["bound"] == "controller"
+
+
+# -- properties over any sequence of events ------------------------------------------------------
+
+events = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("success"),
+            st.floats(0.001, 5.0),
+            st.floats(1, 70),
+            st.booleans(),
+        ),
+        st.tuples(st.just("oom"), st.integers(-2, 0), st.integers(1, 70), st.just(False)),
+        st.tuples(st.just("sample"), st.floats(0.0, 1.0), st.integers(0, 70), st.just(False)),
+        st.tuples(st.just("wait"), st.floats(0.0, 100.0), st.just(0), st.just(False)),
+    ),
+    max_size=200,
+)
+
+
+def replay(c: AIMD, steps: list[tuple[str, float, float, bool]], check: object = None) -> None:
+    now_s = 0.0
+    for kind, a, b, flag in steps:
+        now_s += 0.05
+        before = c.limit
+        if kind == "success":
+            c.on_success(now_s=now_s, latency_s=a, concurrency=b, demand=flag)
+        elif kind == "oom":
+            fresh = a == 0
+            c.on_oom(now_s=now_s, epoch=c.epoch + int(a), in_flight=int(b))
+            if fresh:
+                assert c.limit < before or before == c.min_limit, "a fresh OOM must lower the limit"
+        elif kind == "sample":
+            c.on_sample(now_s=now_s, sample=MemorySample(int(a * TOTAL), TOTAL), in_flight=int(b))
+        else:
+            now_s += a
+        assert c.min_limit <= c.limit <= c.max_limit
+        if kind == "success" and c.describe()["over_watermark"]:
+            assert c.limit <= before, "no growth above the high watermark"
+        cap = c.memory.cap(c.target_utilisation)
+        if kind == "success" and cap is not None and c.limit > before:
+            assert c.limit <= max(c.min_limit, cap), "no growth above the memory cap"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=events,
+    min_limit=st.integers(1, 4),
+    spread=st.integers(0, 60),
+    initial=st.none() | st.integers(1, 64),
+)
+def test_limit_stays_in_bounds_and_obeys_the_signals(
+    steps: list[tuple[str, float, float, bool]], min_limit: int, spread: int, initial: int | None
+) -> None:
+    c = AIMD()
+    max_limit = min_limit + spread
+    bound(
+        c,
+        min_limit=min_limit,
+        max_limit=max_limit,
+        initial=None if initial is None else min(max(initial, min_limit), max_limit),
+    )
+    replay(c, steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=events)
+def test_growth_resumes_after_pressure_ends(steps: list[tuple[str, float, float, bool]]) -> None:
+    c = AIMD()
+    bound(c, max_limit=64)
+    replay(c, steps)
+    # Pressure ends: memory is low and well understood, no OOM for long, latency flat.
+    later_s = 10_000.0
+    c.on_sample(now_s=later_s, sample=MemorySample(0, TOTAL), in_flight=0)
+    c.on_sample(now_s=later_s + 0.1, sample=MemorySample(TOTAL // 1000, TOTAL), in_flight=1)
+    start = c.limit
+    for i in range(2000):  # 200 s: long enough for any stale latency to be forgotten
+        c.on_success(now_s=later_s + 1 + i * 0.1, latency_s=0.1, concurrency=c.limit, demand=True)
+    assert c.limit > start or c.limit == c.max_limit

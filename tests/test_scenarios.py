@@ -1,0 +1,202 @@
+"""Scenarios: the gate is not told the numbers and must find them.
+
+The virtual-time simulator is the controller's regression suite (ranges, in the manner of Vector's
+adaptive-concurrency scenario files); the real-time tests at the end confirm it end to end through
+the middleware on a SimulatedGPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from adaptive_gate import AIMD, AdaptiveGate
+from adaptive_gate.simulation import Phase, SimulationResult, simulate
+from adaptive_gate.testing import SimulatedGPU
+
+from .conftest import find_gate
+
+GiB = 2**30
+CARD = 24 * GiB
+WEIGHTS = 8 * GiB
+
+
+def run(phases: list[Phase], duration_s: float = 240, **kwargs: object) -> SimulationResult:
+    return simulate(phases, total_bytes=CARD, baseline_bytes=WEIGHTS, duration_s=duration_s, knee=8, **kwargs)  # type: ignore[arg-type]
+
+
+def settled(result: SimulationResult, start_s: float, end_s: float) -> tuple[int, int]:
+    limits = result.limits_between(start_s, end_s)
+    return min(limits), max(limits)
+
+
+def test_classic_card_settles_at_what_fits() -> None:
+    """24 GiB, 8 GiB of weights, 3 GiB per request: at most 5 fit."""
+    started = time.perf_counter()
+    result = run([Phase(0, rate_per_s=40, request_bytes=3 * GiB, work_s=0.1)])
+    assert time.perf_counter() - started < 5  # four minutes of traffic, replayed
+    low, high = settled(result, 20, 240)
+    assert 4 <= low and high <= 5
+    assert result.ooms <= 6 and result.ooms_between(10, 240) == 0  # the first wave's, at most
+
+
+def test_neighbour_takes_memory_then_leaves() -> None:
+    result = run(
+        [
+            Phase(0, 40, 3 * GiB, 0.1),
+            Phase(60, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB),  # 3 still fit
+            Phase(120, 40, 3 * GiB, 0.1),
+        ]
+    )
+    low, high = settled(result, 80, 120)
+    assert 2 <= low and high <= 3
+    assert result.ooms_between(60, 120) <= 5
+    low, high = settled(result, 160, 240)
+    assert 4 <= low and high <= 5
+
+
+def test_inputs_that_double_halve_the_limit() -> None:
+    result = run([Phase(0, 40, 3 * GiB, 0.1), Phase(60, 40, 6 * GiB, 0.1)])
+    assert settled(result, 30, 60)[0] >= 4
+    low, high = settled(result, 80, 240)
+    assert 1 <= low and high <= 2
+    assert result.ooms_between(60, 240) <= 6
+
+
+def test_requests_that_fill_the_card_exactly() -> None:
+    result = run([Phase(0, 40, 4 * GiB, 0.1)])  # 8 + 4 x 4 = 24: four fit, to the byte
+    low, high = settled(result, 30, 240)
+    assert 3 <= low and high <= 4
+    assert result.ooms_between(30, 240) == 0
+
+
+def test_a_card_on_which_only_one_fits() -> None:
+    result = run([Phase(0, 40, 10 * GiB, 0.1)])
+    assert settled(result, 30, 240) == (1, 1)
+    assert result.completed >= 0.9 * 240 / 0.1  # the gate always makes progress
+    assert result.ooms <= 6  # probing a known-bad limit is held off, with a growing hold
+
+
+def test_latency_knee_without_memory_pressure() -> None:
+    result = simulate(
+        [Phase(0, 200, 1 * GiB, 0.05)], total_bytes=80 * GiB, baseline_bytes=WEIGHTS, duration_s=120, knee=4
+    )
+    low, high = settled(result, 60, 120)
+    assert 4 <= low and high <= 5
+    assert result.goodput_per_s() > 0.95 * 4 / 0.05
+
+
+def test_replays_are_deterministic() -> None:
+    phases = [Phase(0, 40, 3 * GiB, 0.1), Phase(30, 40, 3 * GiB, 0.1, neighbour_bytes=4 * GiB)]
+    first, second = run(phases, 60, seed=5), run(phases, 60, seed=5)
+    assert first.series == second.series and first.completed == second.completed
+
+
+# -- real time, through the middleware ----------------------------------------------------------
+
+
+def classic_app(gpu: SimulatedGPU, request_bytes: list[int]) -> FastAPI:
+    # Requests last 30 ms instead of 100: the controller's clocks are compressed to match, so that
+    # seconds of real time show what minutes show in production.
+    controller = AIMD(memory_halflife_s=1.0, oom_hold_s=3.0, knee_memory_s=5.0)
+    app = FastAPI()
+    app.add_middleware(
+        AdaptiveGate, probe=gpu, controller=controller, sample_period=0.01, queue_timeout=10, max_queue=256
+    )
+
+    @app.post("/infer", tags=["gpu"])
+    def infer() -> dict[str, bool]:
+        with gpu.holding(request_bytes[0], work_s=0.03):
+            pass
+        return {"ok": True}
+
+    return app
+
+
+async def hammer(app: FastAPI, seconds: float, clients: int = 12) -> dict[int, int]:
+    codes: dict[int, int] = {}
+    stop_at = anyio.current_time() + seconds
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while anyio.current_time() < stop_at:
+            response = await client.post("/infer")
+            codes[response.status_code] = codes.get(response.status_code, 0) + 1
+            if response.status_code == 503:
+                await anyio.sleep(0.01)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t", timeout=30) as client:
+        async with anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(client_loop, client)
+    return codes
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_real_time_classic_and_neighbour() -> None:
+    gpu = SimulatedGPU(CARD, baseline_bytes=WEIGHTS, knee=8)
+    request_bytes = [3 * GiB]
+    app = classic_app(gpu, request_bytes)
+    async with LifespanManager(app) as manager:
+        codes = await hammer(manager.app, 3.0)
+        gate = find_gate(app)
+        assert 4 <= gate.limiter.limit <= 5
+        assert codes.get(200, 0) > 100 and set(codes) <= {200, 503}
+        ooms_settled = gate.counters.ooms
+        assert ooms_settled <= 6
+
+        gpu.set_neighbour(6 * GiB)  # a neighbour arrives: three still fit
+        await hammer(manager.app, 3.0)
+        assert 2 <= gate.limiter.limit <= 3
+        assert gate.counters.ooms - ooms_settled <= 5
+        assert gpu.peak_bytes <= CARD
+
+        gpu.set_neighbour(0)
+        await hammer(manager.app, 3.0)
+        assert 4 <= gate.limiter.limit <= 5
+        assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_real_time_inputs_double() -> None:
+    gpu = SimulatedGPU(CARD, baseline_bytes=WEIGHTS, knee=8)
+    request_bytes = [3 * GiB]
+    app = classic_app(gpu, request_bytes)
+    async with LifespanManager(app) as manager:
+        await hammer(manager.app, 2.0)
+        gate = find_gate(app)
+        assert gate.limiter.limit >= 4
+        request_bytes[0] = 6 * GiB
+        await hammer(manager.app, 3.0)
+        assert 1 <= gate.limiter.limit <= 2
+
+
+def test_simulated_gpu_is_shared_safely_by_threads_under_the_gate() -> None:
+    """Sanity for the real-time tests: sync routes run in threads and the card's books balance."""
+    gpu = SimulatedGPU(CARD, baseline_bytes=WEIGHTS)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(50):
+                try:
+                    with gpu.holding(3 * GiB, 0.0):
+                        pass
+                except RuntimeError:
+                    pass
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and gpu.used_bytes == WEIGHTS
