@@ -9,8 +9,8 @@ lets the simulator in the tests replay hours of traffic in a fraction of a secon
 
 * an AIMD limit: +1 per window of `limit` successful requests while there is real demand, a deep
   multiplicative cut on an out-of-memory error, a gentle one when memory crosses a high watermark;
-* a memory cap, learned online: idle samples give the baseline, busy ones the bytes each request
-  adds, and so how many fit under `target_utilisation` of the card (the "measure one request's
+* a memory cap, learned online (`MemoryModel`): the idle baseline and the bytes each request adds,
+  and so how many fit under `target_utilisation` of the card (the "measure one request's
   increment" recipe, done continuously);
 * `max_limit`.
 
@@ -21,6 +21,7 @@ never as the overload signal: on a GPU, latency is often flat until the memory r
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -120,29 +121,39 @@ class MemoryModel:
     """Learns the idle baseline and the bytes each request adds, from (in-flight, used) samples.
 
     The manual recipe is "measure used memory with nothing running, then with one request, and
-    take the difference". Done continuously: samples with nothing in flight give the baseline;
-    every other sample gives `(used - baseline) / in_flight`, one request's share.
+    take the difference". Done continuously, two ways:
 
-    With requests always in flight, a baseline that moved (a neighbour process) and requests that
-    grew (bigger inputs) look the same from one sample. The model then reads the change as grown
-    requests, which is the cautious reading: the cap it gives is never above the one the truth
-    would give while memory is below target. The baseline is corrected at the next idle moment,
-    and never left above what a sample shows. The per-request share rises fast (ten times faster
-    than it falls, with a fall half-life of `halflife_s`): being late to see growth costs OOMs,
-    being late to see shrinkage costs a little throughput.
+    * when in-flight varied over the last `window` samples, a least-squares line through them gives
+      both at once (its intercept is the baseline, its slope one request's bytes), from recent data
+      only, so it follows a neighbour process and inputs that grow;
+    * otherwise samples with nothing in flight give the baseline, and every other sample gives
+      `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
+      that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
+      readings the model believes the one that fits fewer requests, until in-flight varies or the
+      card idles. Estimates rise ten times faster than they fall (fall half-life `halflife_s`):
+      late to see growth costs OOMs, late to see relief only a little throughput.
     """
 
-    def __init__(self, *, halflife_s: float = 5.0, min_request_fraction: float = 0.001) -> None:
+    def __init__(
+        self,
+        *,
+        target_utilisation: float = 0.9,
+        halflife_s: float = 5.0,
+        window: int = 32,
+        min_request_fraction: float = 0.001,
+    ) -> None:
+        self.target_utilisation = target_utilisation
         if halflife_s <= 0:
             raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
+        if window < 4:
+            raise ValueError(f"window must be >= 4 samples, got {window}")
         self._halflife_s = halflife_s
         self._min_request_fraction = min_request_fraction
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)
         self._last_s: float | None = None
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._total_bytes = 0
-        self._fit = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, sum x, sum y, sum xx, sum xy
-        self._lowest_used = math.inf
         self.samples = 0
 
     def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
@@ -151,53 +162,64 @@ class MemoryModel:
         self._total_bytes = total_bytes
         self.samples += 1
         used = float(used_bytes)
+        self._recent.append((in_flight, used))
+        if self._fit_recent():
+            return
         if in_flight <= 0:
             self._baseline = used if self._baseline is None else self._baseline + 0.5 * (used - self._baseline)
             return
         if self._baseline is None:
-            self._fit_baseline(in_flight, used)
-            return
-        self._baseline = min(self._baseline, used)
+            return  # busy since the start and no spread yet: nothing to tell the baseline by
         share = (used - self._baseline) / in_flight
-        if share < self._min_request_fraction * total_bytes:
-            return  # requests that hold (next to) nothing: no cap to learn from this sample
         if self._per_request is None:
-            self._per_request = share
+            if share >= self._min_request_fraction * total_bytes:
+                self._per_request = share
             return
-        halflife_s = self._halflife_s / 10 if share > self._per_request else self._halflife_s
-        weight = 1.0 - 0.5 ** (elapsed_s / halflife_s) if elapsed_s > 0 else 0.5
-        self._per_request += weight * (share - self._per_request)
+        # Two readings explain this sample: the requests changed (`share`), or the baseline did
+        # (`moved_baseline`). Believe the one that allows fewer requests.
+        moved_baseline = max(0.0, used - self._per_request * in_flight)
+        room_bytes = self.target_utilisation * total_bytes
+        if share > 0 and (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request:
+            self._per_request = max(
+                self._min_request_fraction * total_bytes, self._smooth(self._per_request, share, elapsed_s)
+            )
+        else:
+            self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s))
 
-    def _fit_baseline(self, in_flight: int, used: float) -> None:
-        """Busy from the start, never idle: fit a line through the busy samples instead."""
-        x = float(in_flight)
-        self._fit[0] += 1
-        self._fit[1] += x
-        self._fit[2] += used
-        self._fit[3] += x * x
-        self._fit[4] += x * used
-        self._lowest_used = min(self._lowest_used, used)
-        n, sx, sy, sxx, sxy = self._fit
-        var_x = sxx / n - (sx / n) ** 2
-        if n < 5 or var_x < 0.25:
-            return
-        slope = (sxy / n - sx / n * sy / n) / var_x
+    def _smooth(self, current: float, seen: float, elapsed_s: float) -> float:
+        """Move towards `seen`: fast when it is higher (danger), slowly when lower (relief)."""
+        halflife_s = self._halflife_s / 10 if seen > current else self._halflife_s
+        weight = 1.0 - 0.5 ** (elapsed_s / halflife_s) if elapsed_s > 0 else 0.5
+        return current + weight * (seen - current)
+
+    def _fit_recent(self) -> bool:
+        n = len(self._recent)
+        if n < 8:
+            return False
+        mean_x = sum(x for x, _ in self._recent) / n
+        mean_y = sum(y for _, y in self._recent) / n
+        var_x = sum((x - mean_x) ** 2 for x, _ in self._recent) / n
+        if var_x < 0.25:
+            return False
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._recent) / n / var_x
         if slope < self._min_request_fraction * self._total_bytes:
-            return
-        self._baseline = min(self._lowest_used, max(0.0, sy / n - slope * sx / n))
+            return False
+        lowest_used = min(y for _, y in self._recent)
+        self._baseline = min(lowest_used, max(0.0, mean_y - slope * mean_x))
         self._per_request = slope
+        return True
 
     def estimate(self) -> MemoryEstimate | None:
         if self._per_request is None or self._baseline is None:
             return None
         return MemoryEstimate(self._baseline, self._per_request, self._total_bytes)
 
-    def cap(self, target_utilisation: float) -> int | None:
+    def cap(self) -> int | None:
         """How many requests fit under `target_utilisation` of the card, or None if not known yet."""
         est = self.estimate()
         if est is None:
             return None
-        room_bytes = target_utilisation * est.total_bytes - est.baseline_bytes
+        room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
         return max(0, math.floor(room_bytes / est.per_request_bytes))
 
 
@@ -269,7 +291,7 @@ class AIMD(_Bounds):
             raise ValueError(f"need 0 <= oom_hold_s <= max_oom_hold_s, got {oom_hold_s} and {max_oom_hold_s}")
         self.oom_hold_s = float(oom_hold_s)
         self.max_oom_hold_s = float(max_oom_hold_s)
-        self.memory = MemoryModel(halflife_s=memory_halflife_s)
+        self.memory = MemoryModel(target_utilisation=self.target_utilisation, halflife_s=memory_halflife_s)
 
         self._aimd_limit = 1
         self._limit = 1
@@ -288,6 +310,7 @@ class AIMD(_Bounds):
         self._oom_hold_now_s = self.oom_hold_s
         self._last_oom_s = -math.inf
         self._knee_ceiling = math.inf
+        self._grown_to: int | None = None
         self._knee_until_s = -math.inf
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -324,18 +347,21 @@ class AIMD(_Bounds):
         if past_knee is None:
             return  # not enough recent latency to judge one more: wait for it
         if past_knee:
-            # The last step bought no throughput, only latency: take it back, and hold off a while.
+            # More at once bought no throughput, only latency: hold off growing there a while, and
+            # if growth got us here, take that step back (a brake, never a cut below it).
             self._in_slow_start = False
             self._knee_ceiling, self._knee_until_s = self._aimd_limit, now_s + self.knee_memory_s
-            self._aimd_limit = max(self.min_limit, self._aimd_limit - 1)
-            self._update("throughput knee")
+            if self._grown_to == self._aimd_limit:
+                self._aimd_limit = max(self.min_limit, self._aimd_limit - 1)
+                self._update("throughput knee")
+            self._grown_to = None
             return
         grown = min(self.max_limit, self._aimd_limit + self.increase_step)
         if self._oom_ceiling is not None and grown >= self._oom_ceiling and now_s < self._oom_ceiling_until_s:
             return  # this many ran out of memory lately: stay under it for now
         if grown >= self._knee_ceiling and now_s < self._knee_until_s:
             return  # this many bought nothing lately
-        self._aimd_limit = grown
+        self._aimd_limit = self._grown_to = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
 
     def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
@@ -365,7 +391,7 @@ class AIMD(_Bounds):
 
     def describe(self) -> dict[str, Any]:
         est = self.memory.estimate()
-        cap = self.memory.cap(self.target_utilisation)
+        cap = self.memory.cap()
         return {
             "controller": "aimd",
             "bound": self._active_bound(),
@@ -388,7 +414,7 @@ class AIMD(_Bounds):
     # -- internals ------------------------------------------------------------------------------
 
     def _memory_cap(self) -> int:
-        cap = self.memory.cap(self.target_utilisation)
+        cap = self.memory.cap()
         return self.max_limit if cap is None else max(self.min_limit, cap)
 
     def _active_bound(self) -> str:

