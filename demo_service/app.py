@@ -1,0 +1,172 @@
+"""The demo service: a ResNet-class image classifier behind the gate, as a user would write it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio.to_thread
+import torch
+from fastapi import FastAPI, File, Request, UploadFile
+from fastapi.responses import JSONResponse
+
+from adaptive_gate import AdaptiveGate
+from adaptive_gate.probes import Probe
+from adaptive_gate.testing import SimulatedGPU
+
+from .inference import BadImage, Classifier, decode_image, load_classifier
+from .policies import SemaphoreMiddleware, parse_policy
+from .probes import FractionProbe
+
+logger = logging.getLogger("demo_service")
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "auto"
+    architecture: str = "resnet50"
+    weights: Path | None = None
+    labels: Path | None = None
+    seed: int = 0
+    # Chosen so that about four single images fit beside ResNet-50's weights (98 MiB + 138 MiB each).
+    simulated_vram_bytes: int = 768 * MiB
+    vram_fraction: float | None = None
+    max_files: int = 16
+    max_pixels: int = 4096 * 4096
+    max_file_bytes: int = 20 * MiB
+    policy: str = "adaptive"
+    gate: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine (use auto or cpu)")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device must be auto, cpu or cuda[:N], got {name!r}")
+    return device
+
+
+def read_labels(path: Path | None) -> list[str]:
+    if path is None:
+        return [f"class_{i}" for i in range(1000)]
+    labels = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if len(labels) < 2:
+        raise ValueError(f"{path}: a labels file needs one label per line, at least two")
+    return labels
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    policy, static_limit = parse_policy(settings.policy)
+    device = resolve_device(settings.device)
+    labels = read_labels(settings.labels)
+    gpu: SimulatedGPU | None = None
+    probe: Probe | str = "auto"
+    if device.type == "cuda":
+        # Less fragmentation under varied input sizes; the user's own setting wins.
+        if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if settings.vram_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(settings.vram_fraction, device)
+            probe = FractionProbe(device.index or 0, settings.vram_fraction)
+    else:
+        gpu = SimulatedGPU(settings.simulated_vram_bytes)
+        probe = gpu
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if static_limit is not None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = static_limit
+        app.state.classifier = await anyio.to_thread.run_sync(
+            lambda: load_classifier(
+                architecture=settings.architecture,
+                device=device,
+                weights=settings.weights,
+                labels=labels,
+                seed=settings.seed,
+                gpu=gpu,
+            )
+        )
+        logger.info("demo_service: %s", describe(settings, device, app.state.classifier, policy))
+        yield
+
+    app = FastAPI(title="adaptive-gate demo", lifespan=lifespan)
+    if policy == "adaptive":
+        app.add_middleware(AdaptiveGate, probe=probe, **settings.gate)
+    elif policy == "static":
+        app.add_middleware(SemaphoreMiddleware, limit=static_limit)
+
+    @app.exception_handler(BadImage)
+    async def bad_image(request: Request, exc: BadImage) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    def classify(request: Request, uploads: list[UploadFile]) -> dict[str, Any]:
+        if len(uploads) > settings.max_files:
+            raise BadImage(413, f"{len(uploads)} files sent, at most {settings.max_files} per request")
+        images = [decode_image(read_upload(upload, settings.max_file_bytes), max_pixels=settings.max_pixels)
+                  for upload in uploads]  # fmt: skip
+        classifier: Classifier = request.app.state.classifier
+        results, inference_ms = classifier.predict(images)
+        return {
+            "results": [[{"label": p.label, "score": p.score} for p in top5] for top5 in results],
+            "device": device_text(classifier),
+            "inference_ms": round(inference_ms, 3),
+        }
+
+    @app.post("/predict", tags=["gpu"])
+    def predict(request: Request, file: Annotated[UploadFile, File()]) -> dict[str, Any]:
+        answer = classify(request, [file])
+        return {"top5": answer["results"][0], "device": answer["device"], "inference_ms": answer["inference_ms"]}
+
+    @app.post("/predict/batch", tags=["gpu"])
+    def predict_batch(request: Request, files: Annotated[list[UploadFile], File()]) -> dict[str, Any]:
+        return classify(request, files)
+
+    @app.get("/healthz")
+    def healthz(request: Request) -> dict[str, Any]:
+        return {"ok": True, "model_loaded": hasattr(request.app.state, "classifier")}
+
+    return app
+
+
+def read_upload(upload: UploadFile, max_bytes: int) -> bytes:
+    data = upload.file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadImage(413, f"{upload.filename or 'the file'} is larger than {max_bytes} bytes")
+    if not data:
+        raise BadImage(400, f"{upload.filename or 'the file'} is empty")
+    return data
+
+
+def device_text(classifier: Classifier) -> str:
+    if classifier.gpu is not None:
+        return f"cpu (simulated GPU of {classifier.gpu.total_bytes // MiB} MiB)"
+    return str(classifier.device)
+
+
+def describe(settings: Settings, device: torch.device, classifier: Classifier, policy: str) -> str:
+    if classifier.gpu is not None:
+        card = (
+            f"simulated card {classifier.gpu.total_bytes // MiB} MiB, weights {classifier.gpu.used_bytes // MiB} MiB, "
+            f"{classifier.bytes_for((1, 3, 224, 224)) // MiB} MiB per image"
+        )
+        probe = "SimulatedGPU"
+    else:
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = settings.vram_fraction or 1.0
+        card = f"{torch.cuda.get_device_name(device)}, {int(total * fraction) // MiB} MiB usable"
+        probe = "torch.cuda capped at the fraction" if settings.vram_fraction else "auto (NVML, torch.cuda)"
+    return (
+        f"device={device} model={settings.architecture} {card}; probe={probe}; policy={settings.policy}; "
+        f"gate options={settings.gate or 'defaults'}"
+    )

@@ -1,0 +1,153 @@
+"""The model's life in the process: loaded once, warmed up, and run on decoded images.
+
+On CUDA the card is real and PyTorch raises its own out-of-memory errors. Without a GPU the model
+computes on the CPU for real, and its memory is accounted on a `SimulatedGPU`: the weights' bytes
+from the start, and for each request the activation bytes of its input shape, held while it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from adaptive_gate.testing import SimulatedGPU
+
+from .model import ResNet, activation_bytes, build_model, weight_bytes
+
+logger = logging.getLogger("demo_service")
+
+IMAGE_SIDE = 224
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+ACCEPTED_FORMATS = {"PNG", "JPEG"}
+
+
+class BadImage(ValueError):
+    """The client sent something we cannot classify; `status` says which 4xx it deserves."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+
+
+def decode_image(data: bytes, *, max_pixels: int) -> torch.Tensor:
+    """PNG or JPEG bytes -> a normalised 3x224x224 float tensor, or BadImage."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError as exc:
+        raise BadImage(400, "the file is not an image (PNG or JPEG expected)") from exc
+    if image.format not in ACCEPTED_FORMATS:
+        raise BadImage(415, f"{image.format} images are not accepted; send PNG or JPEG")
+    width, height = image.size
+    if width * height > max_pixels:
+        raise BadImage(413, f"the image has {width}x{height} pixels, more than the limit of {max_pixels}")
+    try:
+        image.load()
+    except (OSError, SyntaxError) as exc:
+        raise BadImage(400, f"the image is truncated or corrupt: {exc}") from exc
+    rgb = image.convert("RGB").resize((IMAGE_SIDE, IMAGE_SIDE), Image.Resampling.BILINEAR)
+    pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(IMAGE_SIDE, IMAGE_SIDE, 3)
+    tensor = pixels.permute(2, 0, 1).float().div_(255)
+    mean = torch.tensor(MEAN).view(3, 1, 1)
+    std = torch.tensor(STD).view(3, 1, 1)
+    return (tensor - mean) / std
+
+
+class Classifier:
+    """One model per process, on one device, with the simulated card where there is no GPU."""
+
+    def __init__(self, model: ResNet, labels: list[str], device: torch.device, gpu: SimulatedGPU | None) -> None:
+        self.model = model
+        self.labels = labels
+        self.device = device
+        self.gpu = gpu
+        self._activation_bytes: dict[tuple[int, ...], int] = {}
+        self._measure_lock = threading.Lock()
+
+    def bytes_for(self, shape: tuple[int, ...]) -> int:
+        """Activation bytes of an input shape, measured once per shape."""
+        with self._measure_lock:
+            if shape not in self._activation_bytes:
+                self._activation_bytes[shape] = activation_bytes(self.model, shape, self.device)
+            return self._activation_bytes[shape]
+
+    def _memory(self, shape: tuple[int, ...]) -> AbstractContextManager[object]:
+        if self.gpu is None:
+            return nullcontext()
+        return self.gpu.allocate(self.bytes_for(shape))
+
+    def predict(self, images: list[torch.Tensor]) -> tuple[list[list[Prediction]], float]:
+        batch = torch.stack(images)
+        started = time.perf_counter()
+        with self._memory(tuple(batch.shape)), torch.inference_mode():
+            logits = self.model(batch.to(self.device))
+            probabilities = torch.softmax(logits.float(), dim=1).cpu()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        top = torch.topk(probabilities, k=min(5, len(self.labels)), dim=1)
+        results = [
+            [Prediction(self.labels[int(i)], round(float(s), 6)) for s, i in zip(scores, indices, strict=True)]
+            for scores, indices in zip(top.values, top.indices, strict=True)
+        ]
+        return results, elapsed_ms
+
+    def warm_up(self) -> None:
+        """A first forward pass initialises kernels and the allocator before the service says it is ready."""
+        shape = (1, 3, IMAGE_SIDE, IMAGE_SIDE)
+        self.bytes_for(shape)
+        with torch.inference_mode():
+            self.model(torch.zeros(shape, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+_loaded: dict[tuple[object, ...], Classifier] = {}
+_load_lock = threading.Lock()
+
+
+def load_classifier(
+    *,
+    architecture: str,
+    device: torch.device,
+    weights: Path | None,
+    labels: list[str],
+    seed: int,
+    gpu: SimulatedGPU | None,
+) -> Classifier:
+    """Load the model once per process: a second start-up (a second lifespan) reuses it.
+
+    On a simulated card the weights are allocated on it for good, as they would be on a real one.
+    """
+    key = (architecture, str(device), str(weights), tuple(labels), seed, id(gpu))
+    with _load_lock:
+        if key in _loaded:
+            logger.warning("demo_service: model already loaded in this process; reusing it instead of loading twice")
+            return _loaded[key]
+        model = build_model(architecture, num_classes=len(labels), seed=seed, weights=weights).to(device)
+        if gpu is not None:
+            needed = weight_bytes(model)
+            if needed >= gpu.total_bytes:
+                raise ValueError(
+                    f"--simulated-vram of {gpu.total_bytes} bytes cannot even hold the weights ({needed} bytes)"
+                )
+            gpu.allocate(needed).__enter__()  # held for the life of the process, like loaded weights
+        classifier = Classifier(model, labels, device, gpu)
+        classifier.warm_up()
+        _loaded[key] = classifier
+        return classifier

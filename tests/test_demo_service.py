@@ -1,0 +1,240 @@
+"""The demo service: every route and every bad input in process, and the real thing as a subprocess."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+import torch
+from asgi_lifespan import LifespanManager
+from PIL import Image
+
+from demo_service import Settings, create_app
+from demo_service.__main__ import parse_args, parse_size, settings_from
+from demo_service.model import build_model
+from demo_service.policies import parse_policy
+
+from .conftest import find_gate
+
+pytestmark = pytest.mark.anyio
+
+MiB = 2**20
+
+
+def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (64, 48), mode: str = "RGB") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, size, 128).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(architecture="resnet-tiny", max_pixels=1000 * 1000, max_files=4, max_file_bytes=MiB)
+    app = create_app(settings)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://demo", timeout=60) as http:
+            http.app = app  # type: ignore[attr-defined]
+            yield http
+
+
+async def test_predict_png_and_jpeg(client: httpx.AsyncClient) -> None:
+    for fmt in ("PNG", "JPEG"):
+        response = await client.post("/predict", files={"file": (f"x.{fmt.lower()}", image_bytes(fmt))})
+        assert response.status_code == 200
+        body = response.json()
+        assert len(body["top5"]) == 5 and {"label", "score"} == set(body["top5"][0])
+        assert body["device"].startswith("cpu (simulated GPU") and body["inference_ms"] > 0
+        scores = [p["score"] for p in body["top5"]]
+        assert scores == sorted(scores, reverse=True)
+
+
+async def test_predict_batch(client: httpx.AsyncClient) -> None:
+    files = [("files", (f"{i}.png", image_bytes(size=(30 + i, 30)))) for i in range(3)]
+    response = await client.post("/predict/batch", files=files)
+    assert response.status_code == 200 and len(response.json()["results"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("files", "status", "words"),
+    [
+        ({"file": ("a.txt", b"hello, not an image")}, 400, "not an image"),
+        ({"file": ("a.gif", image_bytes("GIF"))}, 415, "GIF"),
+        ({"file": ("a.png", image_bytes()[:60])}, 400, "truncated"),
+        ({"file": ("big.png", image_bytes(size=(2000, 1000), mode="1"))}, 413, "pixels"),
+        ({"file": ("empty.png", b"")}, 400, "empty"),
+        ({"file": ("huge.png", b"\x89PNG" + b"0" * (2 * MiB))}, 413, "larger than"),
+        ({}, 422, "file"),
+    ],
+)
+async def test_bad_input_is_a_clear_4xx_and_frees_the_slot(
+    client: httpx.AsyncClient, files: dict[str, tuple[str, bytes]], status: int, words: str
+) -> None:
+    response = await client.post("/predict", files=files or None, data={} if files else {"x": "y"})
+    assert response.status_code == status
+    assert words in str(response.json()["detail"])
+    gate = find_gate(client.app)  # type: ignore[attr-defined]
+    assert gate.limiter.in_flight == 0
+
+
+async def test_too_many_files(client: httpx.AsyncClient) -> None:
+    files = [("files", (f"{i}.png", image_bytes())) for i in range(5)]
+    response = await client.post("/predict/batch", files=files)
+    assert response.status_code == 413 and "at most 4" in response.json()["detail"]
+
+
+async def test_health_is_not_gated_and_status_says_simulated(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"ok": True, "model_loaded": True}
+    await client.post("/predict", files={"file": ("x.png", image_bytes())})
+    gate = find_gate(client.app)  # type: ignore[attr-defined]
+    with anyio.fail_after(5):
+        while gate.probe_state.last_sample is None:  # noqa: ASYNC110 - the sampler's own period
+            await anyio.sleep(0.01)
+    status = (await client.get("/gate/status")).json()
+    assert status["memory"]["simulated"] is True and status["memory"]["total_bytes"] == 768 * MiB
+    assert status["counters"]["admitted"] == 1 and status["counters"]["completed"] == 1
+
+
+async def test_memory_per_request_follows_the_input() -> None:
+    app = create_app(Settings(architecture="resnet-tiny"))
+    async with LifespanManager(app):
+        classifier = app.state.classifier
+        one, four = classifier.bytes_for((1, 3, 224, 224)), classifier.bytes_for((4, 3, 224, 224))
+        assert 3.5 * one < four < 4.5 * one
+        assert classifier.gpu.used_bytes > 0  # the weights sit on the card
+
+
+async def test_a_batch_too_big_for_the_card_is_a_503_not_a_crash() -> None:
+    settings = Settings(architecture="resnet-tiny", simulated_vram_bytes=12 * MiB, max_files=16)
+    app = create_app(settings)
+    async with LifespanManager(app) as manager:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://d") as http:
+            files = [("files", (f"{i}.png", image_bytes())) for i in range(8)]
+            response = await http.post("/predict/batch", files=files)
+            small = await http.post("/predict", files={"file": ("x.png", image_bytes())})
+    assert response.status_code == 503 and response.json()["reason"] == "oom"
+    assert "retry-after" in response.headers
+    assert small.status_code == 200
+
+
+async def test_model_is_loaded_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(architecture="resnet-tiny", seed=123)
+    app = create_app(settings)
+    async with LifespanManager(app):
+        first = app.state.classifier
+    with caplog.at_level(logging.WARNING, logger="demo_service"):
+        async with LifespanManager(app):  # a second start-up in the same process
+            assert app.state.classifier is first
+    assert "already loaded" in caplog.text
+
+
+async def test_weights_and_labels_from_paths(tmp_path: Path) -> None:
+    labels = [f"thing-{i}" for i in range(10)]
+    (tmp_path / "labels.txt").write_text("\n".join(labels))
+    trained = build_model("resnet-tiny", num_classes=10, seed=99, weights=None)
+    torch.save(trained.state_dict(), tmp_path / "weights.pt")
+    settings = Settings(architecture="resnet-tiny", weights=tmp_path / "weights.pt", labels=tmp_path / "labels.txt")
+    app = create_app(settings)
+    async with LifespanManager(app):
+        loaded = app.state.classifier.model
+        assert all(
+            torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), trained.state_dict().values(), strict=True)
+        )
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://d") as http:
+            top5 = (await http.post("/predict", files={"file": ("x.png", image_bytes())})).json()["top5"]
+    assert all(p["label"] in labels for p in top5)
+
+
+def test_command_line() -> None:
+    args = parse_args(["--port", "9000", "--simulated-vram", "2GiB", "--max-limit", "8", "--policy", "static:3"])
+    settings = settings_from(args)
+    assert args.host == "127.0.0.1" and args.port == 9000
+    assert settings.simulated_vram_bytes == 2 * 2**30 and settings.gate == {"max_limit": 8}
+    assert parse_size("768MiB") == 768 * MiB and parse_size("1.5G") == int(1.5 * 2**30) and parse_size("512") == 512
+    assert parse_policy("static:3") == ("static", 3)
+    for bad in ("static:0", "fixed", "static:x"):
+        with pytest.raises(ValueError, match="--policy"):
+            parse_policy(bad)
+
+
+def test_bad_device_is_explained() -> None:
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        create_app(Settings(device="cuda:0"))
+
+
+# -- the real service, as the README starts it -----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "demo_service", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, "the demo service exited during start-up"
+            assert time.monotonic() < deadline, "the demo service did not start in time"
+            time.sleep(0.2)
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+                posts = [http.post("/predict", files={"file": (f"{i}.png", image_bytes(size=(64 + i, 64)))})
+                         for i in range(32)]  # fmt: skip
+                return list(await asyncio_gather(posts))
+
+        responses = anyio.run(burst)
+        status = httpx.get(f"{url}/gate/status").json()
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    codes = [r.status_code for r in responses]
+    assert 500 not in codes and set(codes) <= {200, 503}
+    assert codes.count(200) >= 1
+    for response in responses:
+        if response.status_code == 503:
+            assert int(response.headers["retry-after"]) >= 1
+    assert status["counters"]["admitted"] + status["counters"]["rejected"] >= 32
+    assert status["counters"]["completed"] == codes.count(200)
+    assert status["in_flight"] == 0 and status["queued"] == 0
+    assert process.returncode == 0, output
+    assert "probe=SimulatedGPU" in output and "Application shutdown complete" in output
+
+
+async def asyncio_gather(coroutines: list[object]) -> list[httpx.Response]:
+    results: list[httpx.Response] = [None] * len(coroutines)  # type: ignore[list-item]
+
+    async def run(index: int, coroutine: object) -> None:
+        results[index] = await coroutine  # type: ignore[misc]
+
+    async with anyio.create_task_group() as tg:
+        for index, coroutine in enumerate(coroutines):
+            tg.start_soon(run, index, coroutine)
+    return results
