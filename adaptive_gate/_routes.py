@@ -13,11 +13,12 @@ so with Starlette alone only `tag=None` (gate every request) or routes carrying 
 from __future__ import annotations
 
 import enum
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from starlette.routing import Host, Match, Mount
+from starlette.routing import Host, Match, Mount, Route
 from starlette.types import Scope
 
 
@@ -26,12 +27,20 @@ def normalise_tag(tag: object) -> str:
 
 
 class _Node:
-    __slots__ = ("route", "gated", "children")
+    """One route. Plain HTTP routes keep their regex and methods, to be matched without the
+    route's own `matches()` (which builds dicts and converts parameters we don't need)."""
+
+    __slots__ = ("route", "gated", "children", "regex", "methods")
 
     def __init__(self, route: Any, gated: bool, children: list[_Node] | None) -> None:
         self.route = route
         self.gated = gated
         self.children = children
+        self.regex: re.Pattern[str] | None = None
+        self.methods: frozenset[str] | None = None
+        if children is None and isinstance(getattr(route, "original_route", route), Route):
+            self.regex = route.path_regex
+            self.methods = frozenset(route.methods) if route.methods else None
 
 
 def _expand(routes: Sequence[Any]) -> Iterable[Any]:
@@ -62,15 +71,30 @@ def _build(routes: Sequence[Any], tag: str) -> list[_Node]:
     return nodes[: last_gated + 1]
 
 
+def route_path(scope: Scope) -> str:
+    """The path the router matches: the URL path less the `root_path` of the app or mount."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    rest = path[len(root_path) :]
+    return rest if rest.startswith("/") or not rest else path
+
+
 def _gated(nodes: list[_Node], scope: Scope) -> bool:
+    path = route_path(scope)
+    method = scope["method"]
     for node in nodes:
+        if node.regex is not None:
+            if node.regex.match(path) is None or (node.methods is not None and method not in node.methods):
+                continue  # no match, or a partial one (wrong method): the router keeps looking too
+            return node.gated
         match, child_scope = node.route.matches(scope)
         if match is not Match.FULL:
             continue
         if node.children is None:
             return node.gated
-        sub_scope = {**scope, **child_scope}
-        return _gated(node.children, sub_scope)
+        return _gated(node.children, {**scope, **child_scope})
     return False
 
 

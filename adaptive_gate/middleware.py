@@ -24,7 +24,7 @@ import anyio
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._routes import RouteTable, normalise_tag
+from ._routes import RouteTable, normalise_tag, route_path
 from ._sampler import Sampler
 from .control import AIMD, Controller
 from .limiter import Limiter, QueueFull, QueueTimeout
@@ -168,7 +168,7 @@ class AdaptiveGate:
         if (
             self.status_path is not None
             and scope["method"] in ("GET", "HEAD")
-            and self._route_path(scope) == (self.status_path)
+            and route_path(scope) == (self.status_path)
         ):
             await self._send_json(send, 200, self.status(), head=scope["method"] == "HEAD")
             return
@@ -178,14 +178,6 @@ class AdaptiveGate:
         if self._sampler is None:
             self._start_sampler_without_lifespan()
         await self._gated(scope, receive, send)
-
-    @staticmethod
-    def _route_path(scope: Scope) -> str:
-        path: str = scope["path"]
-        root_path: str = scope.get("root_path", "")
-        if root_path and path.startswith(root_path):
-            return path[len(root_path) :] or "/"
-        return path
 
     async def _gated(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived_s = time.monotonic()
