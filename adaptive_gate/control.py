@@ -21,7 +21,7 @@ never as the overload signal: on a GPU, latency is often flat until the memory r
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -123,9 +123,9 @@ class MemoryModel:
     The manual recipe is "measure used memory with nothing running, then with one request, and
     take the difference". Done continuously, two ways:
 
-    * when in-flight varied over the last `window` samples, a least-squares line through them gives
-      both at once (its intercept is the baseline, its slope one request's bytes), from recent data
-      only, so it follows a neighbour process and inputs that grow;
+    * when in-flight varied over the last `window` samples and they lie on one line, a least-squares
+      fit gives both at once (its intercept is the baseline, its slope one request's bytes), from
+      recent data only, so it follows a neighbour process and inputs that grow;
     * otherwise samples with nothing in flight give the baseline, and every other sample gives
       `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
       that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
@@ -137,7 +137,7 @@ class MemoryModel:
     def __init__(
         self,
         *,
-        target_utilisation: float = 0.9,
+        target_utilisation: float = 0.97,
         halflife_s: float = 5.0,
         window: int = 32,
         min_request_fraction: float = 0.001,
@@ -199,13 +199,18 @@ class MemoryModel:
         mean_x = sum(x for x, _ in self._recent) / n
         mean_y = sum(y for _, y in self._recent) / n
         var_x = sum((x - mean_x) ** 2 for x, _ in self._recent) / n
-        if var_x < 0.25:
-            return False
+        most_common_share = max(Counter(x for x, _ in self._recent).values()) / n
+        if var_x < 0.25 or most_common_share > 0.75:
+            return False  # in-flight barely varied: a few stray samples must not tilt the line
         slope = sum((x - mean_x) * (y - mean_y) for x, y in self._recent) / n / var_x
         if slope < self._min_request_fraction * self._total_bytes:
             return False
+        intercept = mean_y - slope * mean_x
+        residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in self._recent) / n
+        if residual_sq > (0.25 * slope) ** 2:
+            return False  # not one line: the window straddles a change (sizes, a neighbour); wait it out
         lowest_used = min(y for _, y in self._recent)
-        self._baseline = min(lowest_used, max(0.0, mean_y - slope * mean_x))
+        self._baseline = min(lowest_used, max(0.0, intercept))
         self._per_request = slope
         return True
 
@@ -241,10 +246,10 @@ class AIMD(_Bounds):
       doubles per window), so a big card is found in a few windows.
     * `oom_backoff=0.5`: factor applied on an out-of-memory error, at most once per congestion
       event (errors from requests admitted before the last cut are counted but do not cut again).
-    * `pressure_backoff=0.9`, `high_watermark=0.95`, `pressure_cooldown_s=1.0`: a gentle cut when a
+    * `pressure_backoff=0.9`, `high_watermark=0.98`, `pressure_cooldown_s=1.0`: a gentle cut when a
       memory sample shows more than `high_watermark` of the card used, at most once per cooldown;
       no growth while above it.
-    * `target_utilisation=0.9`: the memory cap keeps the expected use under this fraction.
+    * `target_utilisation=0.97`: the memory cap keeps the expected use under this fraction.
     * `memory_halflife_s=5.0`: how fast the memory model forgets (follows neighbours and inputs).
     * `knee_gain=0.5`: growth needs at least this fraction of the ideal throughput gain of one more
       concurrent request, judged from latency at each concurrency; 0 turns the latency brake off.
@@ -261,9 +266,9 @@ class AIMD(_Bounds):
         slow_start: bool = True,
         oom_backoff: float = 0.5,
         pressure_backoff: float = 0.9,
-        high_watermark: float = 0.95,
+        high_watermark: float = 0.98,
         pressure_cooldown_s: float = 1.0,
-        target_utilisation: float = 0.9,
+        target_utilisation: float = 0.97,
         memory_halflife_s: float = 5.0,
         knee_gain: float = 0.5,
         knee_memory_s: float = 30.0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adaptive_gate import is_oom
 
@@ -30,25 +30,32 @@ def parse_policy(text: str) -> tuple[str, int | None]:
 class SemaphoreMiddleware:
     """`async with semaphore:` around the inference routes, as in the hand-tuned recipe."""
 
-    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+    def __init__(self, app: ASGIApp, *, limit: int, paths: frozenset[str] | set[str] = GATED_PATHS) -> None:
         self.app = app
         self.limit = limit
+        self.paths = frozenset(paths)
+        self.waiting = 0
         self._semaphore: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in GATED_PATHS:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.limit)
         started = False
 
-        async def send_tracking(message: dict[str, object]) -> None:
+        async def send_tracking(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        async with self._semaphore:
+        self.waiting += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self.waiting -= 1
+        try:
             try:
                 await self.app(scope, receive, send_tracking)
             except Exception as exc:
@@ -57,5 +64,7 @@ class SemaphoreMiddleware:
                 failure = True
             else:
                 failure = False
+        finally:
+            self._semaphore.release()
         if failure:
             await JSONResponse({"detail": "GPU memory exhausted, please retry later"}, 503)(scope, receive, send)

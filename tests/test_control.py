@@ -85,9 +85,9 @@ def test_oom_ceiling_holds_then_lets_the_limit_probe_again() -> None:
 def test_high_watermark_cuts_gently_and_stops_growth() -> None:
     c = AIMD(knee_gain=0, pressure_cooldown_s=1.0)
     bound(c, initial=10)
-    c.on_sample(now_s=0, sample=MemorySample(int(0.97 * TOTAL), TOTAL), in_flight=10)
+    c.on_sample(now_s=0, sample=MemorySample(int(0.99 * TOTAL), TOTAL), in_flight=10)
     assert c.limit == 9 and c.reason == "memory above high watermark"
-    c.on_sample(now_s=0.5, sample=MemorySample(int(0.97 * TOTAL), TOTAL), in_flight=9)
+    c.on_sample(now_s=0.5, sample=MemorySample(int(0.99 * TOTAL), TOTAL), in_flight=9)
     assert c.limit == 9  # cooldown
     successes(c, 100, now_s=0.6)
     assert c.limit == 9  # no growth above the watermark
@@ -103,13 +103,13 @@ def test_memory_cap_from_idle_and_busy_samples() -> None:
     c.on_sample(now_s=0.1, sample=MemorySample(11 * GiB, TOTAL), in_flight=1)
     described = c.describe()["memory_model"]
     assert described["baseline_bytes"] == 8 * GiB and described["per_request_bytes"] == 3 * GiB
-    assert described["cap"] == 4  # floor((0.9 * 24 - 8) / 3)
+    assert described["cap"] == 5  # floor((0.97 * 24 - 8) / 3)
     successes(c, 500)
-    assert c.limit == 4 and c.describe()["bound"] == "memory_cap"
+    assert c.limit == 5 and c.describe()["bound"] == "memory_cap"
 
 
 def test_memory_model_reads_growth_cautiously_and_relaxes() -> None:
-    model = MemoryModel(halflife_s=5)
+    model = MemoryModel(target_utilisation=0.9, halflife_s=5)
     model.add(0, 0, 8 * GiB, TOTAL)
     model.add(1, 2, 14 * GiB, TOTAL)
     assert model.cap() == 4
@@ -125,7 +125,7 @@ def test_memory_model_reads_growth_cautiously_and_relaxes() -> None:
 
 
 def test_memory_model_follows_a_neighbour_seen_at_an_idle_moment() -> None:
-    model = MemoryModel()
+    model = MemoryModel(target_utilisation=0.9)
     model.add(0, 0, 8 * GiB, TOTAL)
     model.add(1, 1, 11 * GiB, TOTAL)
     for i in range(10):
@@ -137,7 +137,7 @@ def test_memory_model_follows_a_neighbour_seen_at_an_idle_moment() -> None:
 
 
 def test_memory_model_busy_from_the_start_fits_a_line() -> None:
-    model = MemoryModel()
+    model = MemoryModel(target_utilisation=0.9)
     for i, in_flight in enumerate([1, 2, 3, 2, 1, 3, 2, 1, 2, 3]):
         model.add(i * 0.1, in_flight, 8 * GiB + in_flight * 3 * GiB, TOTAL)
     assert model.cap() == 4

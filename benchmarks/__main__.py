@@ -1,0 +1,134 @@
+"""`python -m benchmarks [--quick]`: the gate against a fixed semaphore and no gate, side by side.
+
+Every scenario runs every policy in one process, one after the other, on the same simulated card
+and the same arrival sequence. Prints a table, checks the targets (as ratios measured in this run),
+and writes `benchmarks/results/<scenario>.json` and `<scenario>.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .harness import DEADLINE_S, RunResult, run
+from .plots import plot_scenario
+from .scenarios import FULL_PLAN, FULL_STATIC, LOADS, QUICK_PLAN, QUICK_STATIC, SCENARIOS
+
+RESULTS = Path(__file__).parent / "results"
+CHANGING = {"neighbour", "growth"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer loads and N, shorter runs (a few minutes)")
+    parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals per run (default 20, quick 8)")
+    args = parser.parse_args()
+    logging.getLogger("adaptive_gate").setLevel(logging.ERROR)  # one line per OOM would drown the table
+
+    plan = QUICK_PLAN if args.quick else FULL_PLAN
+    statics = QUICK_STATIC if args.quick else FULL_STATIC
+    duration_s = args.duration or (8.0 if args.quick else 20.0)
+    policies = ["none", *(f"static-{n}" for n in statics), "adaptive"]
+    command = "python -m benchmarks" + (" --quick" if args.quick else "")
+    RESULTS.mkdir(exist_ok=True)
+    verdicts: list[str] = []
+
+    for name, loads in plan.items():
+        if args.only and name not in args.only:
+            continue
+        scenario = SCENARIOS[name]
+        runs: dict[str, dict[str, RunResult]] = {}
+        for load in loads:
+            multiple, clients = LOADS[load]
+            rate = None if multiple is None else multiple * scenario.capacity_per_s
+            runs[load] = {}
+            for policy in policies:
+                started = time.monotonic()
+                one_run = partial(run, scenario, policy, load=load, rate_per_s=rate, clients=clients)
+                result = anyio.run(partial(one_run, duration_s=duration_s))
+                runs[load][policy] = result
+                print(f"  {name:14} {load:10} {policy:10} done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            print_table(name, load, runs[load])
+            verdicts += check_targets(name, load, runs[load])
+        document = {
+            "command": command,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "gpu": "simulated"},
+            "scenario": {"name": name, "description": scenario.description, "deadline_s": DEADLINE_S,
+                         "capacity_per_s": scenario.capacity_per_s, "duration_s": duration_s},
+            "runs": {load: {p: r.summary() for p, r in by_policy.items()} for load, by_policy in runs.items()},
+            "series": {load: {p: r.series for p, r in by_policy.items()} for load, by_policy in runs.items()},
+        }  # fmt: skip
+        (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+        plot_load = "2x" if "2x" in runs else loads[-1]
+        plot_scenario(name, scenario.description, plot_load, runs[plot_load], RESULTS / f"{name}.png")
+
+    print("\nTargets (ratios measured side by side in this run):")
+    for line in verdicts:
+        print("  " + line)
+
+
+def best_static(by_policy: dict[str, RunResult]) -> tuple[str, float]:
+    statics = {p: r.summary()["goodput_per_s"] for p, r in by_policy.items() if p.startswith("static-")}
+    policy = max(statics, key=lambda p: statics[p])
+    return policy, statics[policy]
+
+
+def check_targets(name: str, load: str, by_policy: dict[str, RunResult]) -> list[str]:
+    adaptive = by_policy["adaptive"].summary()
+    goodput = adaptive["goodput_per_s"]
+    oracle, oracle_goodput = best_static(by_policy)
+    lines = []
+    ratio = goodput / oracle_goodput if oracle_goodput else float("inf")
+    lines.append(verdict(ratio >= 0.95, f"{name} {load}: adaptive {goodput} /s vs best static ({oracle}) "
+                         f"{oracle_goodput} /s = {ratio:.2f}x (target >= 0.95)"))  # fmt: skip
+    if name in CHANGING:
+        beaten = [
+            p for p, r in by_policy.items() if p.startswith("static-") and r.summary()["goodput_per_s"] >= goodput
+        ]
+        lines.append(
+            verdict(not beaten, f"{name} {load}: adaptive above every static-N (not above: {beaten or 'none'})")
+        )
+    if load == "4x":
+        none = by_policy["none"].summary()["goodput_per_s"]
+        ratio = goodput / none if none else float("inf")
+        lines.append(verdict(ratio >= 2, f"{name} {load}: adaptive vs none = {ratio:.2f}x (target >= 2)"))
+    if name == "classic":
+        after = adaptive["ooms_after_settle"]
+        lines.append(verdict(after == 0, f"{name} {load}: OOMs after the limit settled: {after} (target 0)"))
+    p99 = adaptive["p99_ms"]
+    within = p99 is not None and p99 <= DEADLINE_S * 1000
+    lines.append(verdict(within, f"{name} {load}: p99 of successes {p99} ms (deadline {DEADLINE_S * 1000:.0f} ms)"))
+    return lines
+
+
+def verdict(ok: bool, text: str) -> str:
+    return ("MET    " if ok else "MISSED ") + text
+
+
+def print_table(name: str, load: str, by_policy: dict[str, RunResult]) -> None:
+    columns: list[tuple[str, str]] = [
+        ("goodput/s", "goodput_per_s"), ("p50 ms", "p50_ms"), ("p95 ms", "p95_ms"), ("p99 ms", "p99_ms"),
+        ("503s", "rejected_503"), ("503 in ms", "reject_answer_ms_mean"), ("OOMs", "ooms"), ("500s", "errors_500"),
+        ("crashed", "crash_failures"), ("gave up", "client_gave_up"), ("settle s", "settle_s"),
+    ]  # fmt: skip
+    print(f"\n{name} at {load}")
+    print(f"  {'policy':10} " + " ".join(f"{title:>10}" for title, _ in columns))
+    for policy, result in by_policy.items():
+        summary: dict[str, Any] = result.summary()
+        cells = ["-" if summary[key] is None else str(summary[key]) for _, key in columns]
+        print(f"  {policy:10} " + " ".join(f"{cell:>10}" for cell in cells))
+
+
+if __name__ == "__main__":
+    main()

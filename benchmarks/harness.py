@@ -1,0 +1,334 @@
+"""One benchmark run: a policy in front of a simulated card, a load, and what came out of it.
+
+The app is the same for every policy: a sync route that holds its bytes on a `SimulatedGPU` while
+it computes (processor sharing past the card's knee). Only what stands in front of it changes:
+
+* `none`: nothing; an OOM is a 500.
+* `static-N`: `asyncio.Semaphore(N)` and a thread pool of N, the recipe users copy today.
+* `adaptive`: `AdaptiveGate` with its defaults, told nothing about the card.
+
+Clients send their deadline in `x-envoy-expected-rq-timeout-ms` and give up when it passes;
+goodput counts the successes that came back within it. An OOM strikes 30% into a request's work
+(activations grow through a forward pass), so a failed request has used the card for nothing. In
+crash mode an OOM takes the worker down
+for `restart_s`, as an unrecoverable CUDA error does in production: requests in flight then and
+arriving meanwhile fail.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from adaptive_gate import AdaptiveGate
+from adaptive_gate.testing import SimulatedGPU
+from demo_service.policies import SemaphoreMiddleware
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From `at_fraction` of the run on: request sizes and the neighbour's bytes."""
+
+    at_fraction: float
+    request_bytes: Callable[[random.Random], int]
+    neighbour_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    phases: list[Phase]
+    total_bytes: int = 24 * GiB
+    weights_bytes: int = 8 * GiB
+    work_s: float = 0.1
+    knee: float = 6.0
+    capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
+    crash_on_oom: bool = False
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    policy: str
+    load: str
+    duration_s: float
+    sent: int = 0
+    ok: int = 0
+    ok_in_deadline: int = 0
+    rejected: int = 0
+    server_errors: int = 0
+    crashed: int = 0
+    client_gave_up: int = 0
+    ooms: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    reject_answer_s: list[float] = field(default_factory=list)
+    oom_times_s: list[float] = field(default_factory=list)
+    # (t, limit, in_flight, queued, used_bytes)
+    series: list[tuple[float, float, int, int, int]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        def pct(values: list[float], q: float) -> float | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] * 1000, 1)
+
+        settle = settle_time_s(self.series)
+        return {
+            "scenario": self.scenario,
+            "policy": self.policy,
+            "load": self.load,
+            "sent": self.sent,
+            "goodput_per_s": round(self.ok_in_deadline / self.duration_s, 2),
+            "ok": self.ok,
+            "p50_ms": pct(self.latencies_s, 0.50),
+            "p95_ms": pct(self.latencies_s, 0.95),
+            "p99_ms": pct(self.latencies_s, 0.99),
+            "rejected_503": self.rejected,
+            "reject_answer_ms_mean": None
+            if not self.reject_answer_s
+            else round(statistics.mean(self.reject_answer_s) * 1000, 1),
+            "ooms": self.ooms,
+            "errors_500": self.server_errors,
+            "crash_failures": self.crashed,
+            "client_gave_up": self.client_gave_up,
+            "settle_s": settle,
+            "ooms_after_settle": None if settle is None else sum(t > settle for t in self.oom_times_s),
+        }
+
+
+def settle_time_s(series: list[tuple[float, float, int, int, int]]) -> float | None:
+    """When the limit came within one of where it ended (the median of the last quarter) for good."""
+    if not series:
+        return None
+    limits = [row[1] for row in series]
+    final = statistics.median(limits[-max(1, len(limits) // 4) :])
+    for index in range(len(series) - 1, -1, -1):
+        if abs(series[index][1] - final) > 1:
+            return round(series[index + 1][0], 2) if index + 1 < len(series) else None
+    return 0.0
+
+
+class CrashSimulator:
+    """Outermost: while the worker is 'restarting', everything fails; so do requests it was serving."""
+
+    def __init__(self, app: ASGIApp, *, world: World) -> None:
+        self.app = app
+        self.world = world
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.world.scenario.crash_on_oom:
+            await self.app(scope, receive, send)
+            return
+        if time.monotonic() < self.world.down_until_s:
+            await JSONResponse({"detail": "worker restarting"}, 502)(scope, receive, send)
+            return
+        crashes_at_start = self.world.crashes
+        replaced = False
+
+        async def send_unless_crashed(message: Message) -> None:
+            nonlocal replaced
+            if self.world.crashes != crashes_at_start or replaced:
+                if not replaced:
+                    replaced = True
+                    await JSONResponse({"detail": "worker died"}, 502)(scope, receive, send)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_unless_crashed)
+        except Exception:
+            if self.world.crashes == crashes_at_start:
+                raise
+            if not replaced:
+                await JSONResponse({"detail": "worker died"}, 502)(scope, receive, send)
+
+
+class World:
+    """The card, the scenario's phase, and the app with a policy in front of it."""
+
+    def __init__(self, scenario: Scenario, policy: str, *, duration_s: float, seed: int) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.duration_s = duration_s
+        self.random = random.Random(seed)
+        self.gpu = SimulatedGPU(scenario.total_bytes, baseline_bytes=scenario.weights_bytes, knee=scenario.knee)
+        self.started_s = time.monotonic()
+        self.phase = scenario.phases[0]
+        self.down_until_s = 0.0
+        self.crashes = 0
+        self.running = 0
+        self.oom_times_s: list[float] = []
+        self.app = self._build()
+
+    def _build(self) -> FastAPI:
+        app = FastAPI()
+        self.gate: AdaptiveGate | None = None
+        self.semaphore: SemaphoreMiddleware | None = None
+        if self.policy == "adaptive":
+            app.add_middleware(AdaptiveGate, probe=self.gpu)
+        elif self.policy.startswith("static-"):
+            app.add_middleware(SemaphoreMiddleware, limit=int(self.policy.split("-")[1]), paths={"/infer"})
+        app.add_middleware(CrashSimulator, world=self)
+        world = self
+
+        @app.post("/infer", tags=["gpu"])
+        def infer() -> dict[str, bool]:
+            nbytes = world.phase.request_bytes(world.random)
+            world.running += 1
+            try:
+                try:
+                    allocation = world.gpu.allocate(nbytes).__enter__()
+                except RuntimeError:
+                    # A forward pass runs out of memory part-way: the work done until then is lost.
+                    world.gpu.compute(OOM_AFTER_FRACTION * world.scenario.work_s)
+                    raise
+                try:
+                    world.gpu.compute(world.scenario.work_s)
+                finally:
+                    allocation.release()
+            except RuntimeError:
+                world.oom_times_s.append(world.elapsed_s())
+                if world.scenario.crash_on_oom:
+                    world.crashes += 1
+                    world.down_until_s = time.monotonic() + RESTART_S
+                raise
+            finally:
+                world.running -= 1
+            return {"ok": True}
+
+        return app
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def advance_phase(self) -> None:
+        fraction = self.elapsed_s() / self.duration_s
+        phase = [p for p in self.scenario.phases if p.at_fraction <= fraction][-1]
+        if phase is not self.phase:
+            self.phase = phase
+        self.gpu.set_neighbour(phase.neighbour_bytes)
+
+    def observe(self) -> tuple[float, float, int, int, int]:
+        if self.gate is None:
+            self.gate = _find(self.app, AdaptiveGate)
+            self.semaphore = _find(self.app, SemaphoreMiddleware)
+        if self.gate is not None:
+            limit: float = self.gate.limiter.limit
+            queued = self.gate.limiter.queued
+        elif self.semaphore is not None:
+            limit, queued = self.semaphore.limit, self.semaphore.waiting
+        else:
+            limit, queued = math.inf, 0
+        return (round(self.elapsed_s(), 2), limit, self.running, queued, self.gpu.used_bytes)
+
+
+RESTART_S = 2.0
+OOM_AFTER_FRACTION = 0.3
+DEADLINE_S = 5.0
+
+
+def _find(app: FastAPI, kind: type) -> Any:
+    node: Any = app.middleware_stack
+    while node is not None:
+        if isinstance(node, kind):
+            return node
+        node = getattr(node, "app", None)
+    return None
+
+
+async def run(
+    scenario: Scenario, policy: str, *, load: str, rate_per_s: float | None, clients: int | None,
+    duration_s: float, seed: int = 1,
+) -> RunResult:  # fmt: skip
+    """Open loop (Poisson at `rate_per_s`) or closed loop (`clients` sending back to back)."""
+    world = World(scenario, policy, duration_s=duration_s, seed=seed)
+    result = RunResult(scenario.name, policy, load, duration_s)
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    default_tokens = limiter.total_tokens
+    if policy.startswith("static-"):
+        limiter.total_tokens = int(policy.split("-")[1])  # the recipe's pool of N workers
+    arrivals = random.Random(seed + 1)
+    headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000))}
+    transport = httpx.ASGITransport(world.app, raise_app_exceptions=False)
+    try:
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=DEADLINE_S) as client,
+            anyio.create_task_group() as tg,
+        ):
+            await client.get("/nothing")  # builds the middleware stack before the clock starts
+            world.started_s = time.monotonic()
+            stop_at = world.started_s + duration_s
+
+            async def one() -> None:
+                result.sent += 1
+                started = time.monotonic()
+                response = None
+                with anyio.move_on_after(DEADLINE_S):  # the client's deadline, all included
+                    try:
+                        response = await client.post("/infer", headers=headers)
+                    except httpx.TimeoutException:
+                        pass
+                if response is None:
+                    result.client_gave_up += 1
+                    return
+                finished = time.monotonic()
+                took_s = finished - started
+                if response.status_code == 200:
+                    result.ok += 1
+                    result.latencies_s.append(took_s)
+                    # Goodput: successes within the deadline that completed inside the measured window.
+                    result.ok_in_deadline += took_s <= DEADLINE_S and finished <= stop_at
+                elif response.status_code in (429, 503):
+                    result.rejected += 1
+                    result.reject_answer_s.append(took_s)
+                elif response.status_code == 502:
+                    result.crashed += 1
+                else:
+                    result.server_errors += 1
+
+            async def observer() -> None:
+                while time.monotonic() < stop_at + DEADLINE_S:
+                    world.advance_phase()
+                    result.series.append(world.observe())
+                    await anyio.sleep(0.1)
+
+            async def closed_loop_client() -> None:
+                while time.monotonic() < stop_at:
+                    await one()
+
+            tg.start_soon(observer)
+            if clients is not None:
+                for _ in range(clients):
+                    tg.start_soon(closed_loop_client)
+            else:
+                assert rate_per_s is not None
+                next_s = time.monotonic()
+                while True:
+                    next_s += arrivals.expovariate(rate_per_s)
+                    if next_s >= stop_at:
+                        break
+                    await anyio.sleep_until(next_s)
+                    tg.start_soon(one)
+            await anyio.sleep_until(stop_at + DEADLINE_S + 0.2)
+            tg.cancel_scope.cancel()
+    finally:
+        limiter.total_tokens = default_tokens
+    result.ooms = world.gpu.oom_count
+    result.oom_times_s = world.oom_times_s
+    return result
