@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--simulated-vram", type=parse_size, default=Settings.simulated_vram_bytes,
                         help="size of the simulated card without a GPU (default: 768MiB)")  # fmt: skip
     parser.add_argument("--vram-fraction", type=float, help="on CUDA, cap PyTorch at this fraction of the card")
+    parser.add_argument("--image-side", type=int, default=224, help="inputs are resized to this square side")
     parser.add_argument("--policy", default="adaptive", help="adaptive (default), static:N or none (benchmarks)")
     gate = parser.add_argument_group("gate options")
     gate.add_argument("--min-limit", type=int)
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    if not 32 <= args.image_side <= 4096:
+        raise SystemExit(f"--image-side must be within [32, 4096], got {args.image_side}")
     names = ("min_limit", "max_limit", "initial_limit", "max_queue", "queue_timeout", "reject_status")
     gate = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     return Settings(
@@ -59,6 +62,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         simulated_vram_bytes=args.simulated_vram,
         vram_fraction=args.vram_fraction,
         policy=args.policy,
+        image_side=args.image_side,
         gate=gate,
     )
 

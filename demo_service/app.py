@@ -41,6 +41,7 @@ class Settings:
     max_files: int = 16
     max_pixels: int = 4096 * 4096
     max_file_bytes: int = 20 * MiB
+    image_side: int = 224  # inputs are resized to side x side: larger sides need more memory per image
     policy: str = "adaptive"
     gate: dict[str, Any] = field(default_factory=dict)
 
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 labels=labels,
                 seed=settings.seed,
                 gpu=gpu,
+                side=settings.image_side,
             )
         )
         logger.info("demo_service: %s", describe(settings, device, app.state.classifier, policy))
@@ -113,8 +115,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def classify(request: Request, uploads: list[UploadFile]) -> dict[str, Any]:
         if len(uploads) > settings.max_files:
             raise BadImage(413, f"{len(uploads)} files sent, at most {settings.max_files} per request")
-        images = [decode_image(read_upload(upload, settings.max_file_bytes), max_pixels=settings.max_pixels)
-                  for upload in uploads]  # fmt: skip
+        images = [
+            decode_image(read_upload(upload, settings.max_file_bytes), max_pixels=settings.max_pixels,
+                         side=settings.image_side)
+            for upload in uploads
+        ]  # fmt: skip
         classifier: Classifier = request.app.state.classifier
         results, inference_ms = classifier.predict(images)
         return {
@@ -131,6 +136,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/predict/batch", tags=["gpu"])
     def predict_batch(request: Request, files: Annotated[list[UploadFile], File()]) -> dict[str, Any]:
         return classify(request, files)
+
+    if gpu is not None:
+        simulated = gpu
+
+        @app.put("/simulated-gpu/neighbour")
+        def set_neighbour(nbytes: int) -> dict[str, int]:
+            """Demo and benchmark control: another process now holds `nbytes` of the simulated card."""
+            if not 0 <= nbytes <= simulated.total_bytes:
+                raise BadImage(422, f"nbytes must be within [0, {simulated.total_bytes}]")
+            simulated.set_neighbour(nbytes)
+            return {"neighbour_bytes": nbytes, "used_bytes": simulated.used_bytes}
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict[str, Any]:
@@ -158,7 +174,7 @@ def describe(settings: Settings, device: torch.device, classifier: Classifier, p
     if classifier.gpu is not None:
         card = (
             f"simulated card {classifier.gpu.total_bytes // MiB} MiB, weights {classifier.gpu.used_bytes // MiB} MiB, "
-            f"{classifier.bytes_for((1, 3, 224, 224)) // MiB} MiB per image"
+            f"{classifier.bytes_for((1, 3, classifier.side, classifier.side)) // MiB} MiB per image"
         )
         probe = "SimulatedGPU"
     else:

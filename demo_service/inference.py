@@ -45,8 +45,8 @@ class Prediction:
     score: float
 
 
-def decode_image(data: bytes, *, max_pixels: int) -> torch.Tensor:
-    """PNG or JPEG bytes -> a normalised 3x224x224 float tensor, or BadImage."""
+def decode_image(data: bytes, *, max_pixels: int, side: int = IMAGE_SIDE) -> torch.Tensor:
+    """PNG or JPEG bytes -> a normalised 3 x side x side float tensor, or BadImage."""
     try:
         image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError as exc:
@@ -60,8 +60,8 @@ def decode_image(data: bytes, *, max_pixels: int) -> torch.Tensor:
         image.load()
     except (OSError, SyntaxError) as exc:
         raise BadImage(400, f"the image is truncated or corrupt: {exc}") from exc
-    rgb = image.convert("RGB").resize((IMAGE_SIDE, IMAGE_SIDE), Image.Resampling.BILINEAR)
-    pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(IMAGE_SIDE, IMAGE_SIDE, 3)
+    rgb = image.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
+    pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(side, side, 3)
     tensor = pixels.permute(2, 0, 1).float().div_(255)
     mean = torch.tensor(MEAN).view(3, 1, 1)
     std = torch.tensor(STD).view(3, 1, 1)
@@ -71,8 +71,11 @@ def decode_image(data: bytes, *, max_pixels: int) -> torch.Tensor:
 class Classifier:
     """One model per process, on one device, with the simulated card where there is no GPU."""
 
-    def __init__(self, model: ResNet, labels: list[str], device: torch.device, gpu: SimulatedGPU | None) -> None:
+    def __init__(
+        self, model: ResNet, labels: list[str], device: torch.device, gpu: SimulatedGPU | None, side: int
+    ) -> None:
         self.model = model
+        self.side = side
         self.labels = labels
         self.device = device
         self.gpu = gpu
@@ -109,7 +112,7 @@ class Classifier:
 
     def warm_up(self) -> None:
         """A first forward pass initialises kernels and the allocator before the service says it is ready."""
-        shape = (1, 3, IMAGE_SIDE, IMAGE_SIDE)
+        shape = (1, 3, self.side, self.side)
         self.bytes_for(shape)
         with torch.inference_mode():
             self.model(torch.zeros(shape, device=self.device))
@@ -129,12 +132,13 @@ def load_classifier(
     labels: list[str],
     seed: int,
     gpu: SimulatedGPU | None,
+    side: int = IMAGE_SIDE,
 ) -> Classifier:
     """Load the model once per process: a second start-up (a second lifespan) reuses it.
 
     On a simulated card the weights are allocated on it for good, as they would be on a real one.
     """
-    key = (architecture, str(device), str(weights), tuple(labels), seed, id(gpu))
+    key = (architecture, str(device), str(weights), tuple(labels), seed, id(gpu), side)
     with _load_lock:
         if key in _loaded:
             logger.warning("demo_service: model already loaded in this process; reusing it instead of loading twice")
@@ -147,7 +151,7 @@ def load_classifier(
                     f"--simulated-vram of {gpu.total_bytes} bytes cannot even hold the weights ({needed} bytes)"
                 )
             gpu.allocate(needed).__enter__()  # held for the life of the process, like loaded weights
-        classifier = Classifier(model, labels, device, gpu)
+        classifier = Classifier(model, labels, device, gpu, side)
         classifier.warm_up()
         _loaded[key] = classifier
         return classifier

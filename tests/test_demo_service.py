@@ -88,6 +88,13 @@ async def test_bad_input_is_a_clear_4xx_and_frees_the_slot(
     assert gate.limiter.in_flight == 0
 
 
+async def test_neighbour_control_on_the_simulated_card(client: httpx.AsyncClient) -> None:
+    response = await client.put("/simulated-gpu/neighbour", params={"nbytes": 100 * MiB})
+    assert response.status_code == 200 and response.json()["neighbour_bytes"] == 100 * MiB
+    assert (await client.put("/simulated-gpu/neighbour", params={"nbytes": -1})).status_code == 422
+    assert (await client.put("/simulated-gpu/neighbour", params={"nbytes": 0})).json()["neighbour_bytes"] == 0
+
+
 async def test_too_many_files(client: httpx.AsyncClient) -> None:
     files = [("files", (f"{i}.png", image_bytes())) for i in range(5)]
     response = await client.post("/predict/batch", files=files)
