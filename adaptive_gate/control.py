@@ -115,6 +115,7 @@ class MemoryEstimate:
     baseline_bytes: float
     per_request_bytes: float
     total_bytes: int
+    spread_bytes: float = 0.0
 
 
 class MemoryModel:
@@ -130,8 +131,13 @@ class MemoryModel:
       `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
       that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
       readings the model believes the one that fits fewer requests, until in-flight varies or the
-      card idles. Estimates rise ten times faster than they fall (fall half-life `halflife_s`):
-      late to see growth costs OOMs, late to see relief only a little throughput.
+      card idles. A rise beyond the requests' usual spread is believed ten times faster than a fall
+      (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
+      throughput.
+
+    Requests of different sizes (a mixed workload) are described by a mean and a spread; the cap
+    keeps `baseline + n * mean + spread_z * sqrt(n) * spread` under target, the sum of n requests of
+    that mean and spread: cautious with the largest, without planning for the worst of all at once.
     """
 
     def __init__(
@@ -141,8 +147,10 @@ class MemoryModel:
         halflife_s: float = 5.0,
         window: int = 32,
         min_request_fraction: float = 0.001,
+        spread_z: float = 1.0,
     ) -> None:
         self.target_utilisation = target_utilisation
+        self.spread_z = spread_z
         if halflife_s <= 0:
             raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
         if window < 4:
@@ -153,6 +161,7 @@ class MemoryModel:
         self._last_s: float | None = None
         self._baseline: float | None = None
         self._per_request: float | None = None
+        self._spread_sq = 0.0  # variance of one request's bytes
         self._total_bytes = 0
         self.samples = 0
 
@@ -180,15 +189,28 @@ class MemoryModel:
         moved_baseline = max(0.0, used - self._per_request * in_flight)
         room_bytes = self.target_utilisation * total_bytes
         if share > 0 and (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request:
-            self._per_request = max(
-                self._min_request_fraction * total_bytes, self._smooth(self._per_request, share, elapsed_s)
-            )
+            self._add_share(share, in_flight, elapsed_s)
         else:
-            self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s))
+            self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s, fast=False))
 
-    def _smooth(self, current: float, seen: float, elapsed_s: float) -> float:
-        """Move towards `seen`: fast when it is higher (danger), slowly when lower (relief)."""
-        halflife_s = self._halflife_s / 10 if seen > current else self._halflife_s
+    def _add_share(self, share: float, in_flight: int, elapsed_s: float) -> None:
+        """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""
+        assert self._per_request is not None
+        deviation = share - self._per_request
+        # A mean of n requests strays by about spread / sqrt(n): more than twice that is a shift.
+        shifted_up = deviation > 2 * math.sqrt(self._spread_sq / in_flight)
+        self._per_request = max(
+            self._min_request_fraction * self._total_bytes,
+            self._smooth(self._per_request, share, elapsed_s, fast=shifted_up),
+        )
+        if shifted_up:
+            return  # a change of level, not of spread: the mean moves, the spread stays
+        spread_seen = in_flight * deviation * deviation
+        self._spread_sq = self._smooth(self._spread_sq, spread_seen, elapsed_s, fast=spread_seen > self._spread_sq)
+
+    def _smooth(self, current: float, seen: float, elapsed_s: float, *, fast: bool) -> float:
+        """Move towards `seen`: fast for danger, slowly for relief."""
+        halflife_s = self._halflife_s / 10 if fast else self._halflife_s
         weight = 1.0 - 0.5 ** (elapsed_s / halflife_s) if elapsed_s > 0 else 0.5
         return current + weight * (seen - current)
 
@@ -212,12 +234,13 @@ class MemoryModel:
         lowest_used = min(y for _, y in self._recent)
         self._baseline = min(lowest_used, max(0.0, intercept))
         self._per_request = slope
+        self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread
         return True
 
     def estimate(self) -> MemoryEstimate | None:
         if self._per_request is None or self._baseline is None:
             return None
-        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes)
+        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes, math.sqrt(self._spread_sq))
 
     def cap(self) -> int | None:
         """How many requests fit under `target_utilisation` of the card, or None if not known yet."""
@@ -225,7 +248,10 @@ class MemoryModel:
         if est is None:
             return None
         room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
-        return max(0, math.floor(room_bytes / est.per_request_bytes))
+        n = max(0, math.floor(room_bytes / est.per_request_bytes))
+        while n > 0 and n * est.per_request_bytes + self.spread_z * math.sqrt(n) * est.spread_bytes > room_bytes:
+            n -= 1
+        return n
 
 
 def _check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
@@ -410,6 +436,7 @@ class AIMD(_Bounds):
             else {
                 "baseline_bytes": round(est.baseline_bytes),
                 "per_request_bytes": round(est.per_request_bytes),
+                "per_request_spread_bytes": round(est.spread_bytes),
                 "cap": cap,
                 "target_utilisation": self.target_utilisation,
                 "samples": self.memory.samples,

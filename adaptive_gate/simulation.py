@@ -33,7 +33,7 @@ class Phase:
 
     start_s: float
     rate_per_s: float
-    request_bytes: int
+    request_bytes: int | Callable[[random.Random], int]  # a size, or a draw per request (mixed sizes)
     work_s: float
     neighbour_bytes: int = 0
 
@@ -185,7 +185,8 @@ class _Run:
         phase = self.phase()
         if phase.rate_per_s > 0:
             self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
-            request = _Request(self.now_s, phase.request_bytes, phase.work_s)
+            nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
+            request = _Request(self.now_s, nbytes, phase.work_s)
             self.admit_or_queue(request)
         else:
             self.schedule(self.now_s + 0.1, "arrival")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .limiter import LimiterStatistics
 from .memory import MemorySample
 
-__all__ = ["Counters", "LimitChange", "ProbeState", "RecentValues", "render_json", "status_document"]
+__all__ = ["Counters", "LimitChange", "ProbeState", "RecentValues", "percentiles_ms", "render_json", "status_document"]
 
 
 @dataclass
@@ -48,13 +49,18 @@ class RecentValues:
         return sum(self._values) / len(self._values) if self._values else None
 
     def percentiles_ms(self) -> dict[str, float] | None:
-        if not self._values:
-            return None
-        ordered = sorted(self._values)
-        last = len(ordered) - 1
-        return {
-            f"p{q}": round(ordered[min(last, math.ceil(q / 100 * len(ordered)) - 1)] * 1000, 3) for q in (50, 95, 99)
-        }
+        return percentiles_ms(self._values)
+
+
+def percentiles_ms(values_s: Iterable[float], digits: int = 3) -> dict[str, float] | None:
+    """p50, p95 and p99 (nearest rank) of durations in seconds, in milliseconds; None when empty."""
+    ordered = sorted(values_s)
+    if not ordered:
+        return None
+    last = len(ordered) - 1
+    return {
+        f"p{q}": round(ordered[min(last, math.ceil(q / 100 * len(ordered)) - 1)] * 1000, digits) for q in (50, 95, 99)
+    }
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 from functools import partial
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer loads and N, shorter runs (a few minutes)")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
     parser.add_argument("--duration", type=float, help="seconds of arrivals per run (default 20, quick 8)")
+    parser.add_argument("--no-http", action="store_true", help="skip the runs against the demo service over HTTP")
     args = parser.parse_args()
     logging.getLogger("adaptive_gate").setLevel(logging.ERROR)  # one line per OOM would drown the table
 
@@ -76,6 +78,9 @@ def main() -> None:
     print("\nTargets (ratios measured side by side in this run):")
     for line in verdicts:
         print("  " + line)
+    if not args.no_http and not args.only:
+        print("\nThe demo service over HTTP (uvicorn, real clients):", flush=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.http_demo", *(["--quick"] if args.quick else [])], check=True)
 
 
 def best_static(by_policy: dict[str, RunResult]) -> tuple[str, float]:

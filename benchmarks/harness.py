@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adaptive_gate import AdaptiveGate
+from adaptive_gate.status import percentiles_ms
 from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
 
@@ -82,13 +83,8 @@ class RunResult:
     series: list[tuple[float, float, int, int, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        def pct(values: list[float], q: float) -> float | None:
-            if not values:
-                return None
-            ordered = sorted(values)
-            return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] * 1000, 1)
-
         settle = settle_time_s(self.series)
+        latency = percentiles_ms(self.latencies_s, digits=1) or {}
         return {
             "scenario": self.scenario,
             "policy": self.policy,
@@ -96,9 +92,9 @@ class RunResult:
             "sent": self.sent,
             "goodput_per_s": round(self.ok_in_deadline / self.duration_s, 2),
             "ok": self.ok,
-            "p50_ms": pct(self.latencies_s, 0.50),
-            "p95_ms": pct(self.latencies_s, 0.95),
-            "p99_ms": pct(self.latencies_s, 0.99),
+            "p50_ms": latency.get("p50"),
+            "p95_ms": latency.get("p95"),
+            "p99_ms": latency.get("p99"),
             "rejected_503": self.rejected,
             "reject_answer_ms_mean": None
             if not self.reject_answer_s

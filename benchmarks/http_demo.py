@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import io
 import json
-import math
 import os
 import random
 import re
@@ -32,6 +31,8 @@ from typing import Any
 
 import httpx
 from PIL import Image
+
+from adaptive_gate.status import percentiles_ms
 
 RESULTS = Path(__file__).parent / "results"
 DEADLINE_S = 10.0
@@ -154,15 +155,12 @@ async def open_loop(service: Service, scenario: str, rate_per_s: float, duration
     latencies = sorted(outcome.pop("latencies_s"))
     rejects = outcome.pop("reject_s")
 
-    def pct(q: float) -> float | None:
-        return (
-            round(latencies[min(len(latencies) - 1, math.ceil(q * len(latencies)) - 1)] * 1000) if latencies else None
-        )
+    latency = percentiles_ms(latencies, digits=0) or {}
 
     return {
         **outcome,
         "goodput_per_s": round(outcome["good"] / duration_s, 2),
-        "p50_ms": pct(0.5), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
+        "p50_ms": latency.get("p50"), "p95_ms": latency.get("p95"), "p99_ms": latency.get("p99"),
         "reject_answer_ms_mean": round(sum(rejects) / len(rejects) * 1000, 1) if rejects else None,
         "limit_over_time": [row for row in limits if row[1] is not None],
     }  # fmt: skip
