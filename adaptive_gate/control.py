@@ -135,9 +135,10 @@ class MemoryModel:
       (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
       throughput.
 
-    Requests of different sizes (a mixed workload) are described by a mean and a spread; the cap
-    keeps `baseline + n * mean + spread_z * sqrt(n) * spread` under target, the sum of n requests of
-    that mean and spread: cautious with the largest, without planning for the worst of all at once.
+    Requests of different sizes (a mixed workload) are described by a mean and an upward spread
+    (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
+    spread` under target, the sum of n such requests: cautious with the large ones, without planning
+    for the worst of all at once.
     """
 
     def __init__(
@@ -203,8 +204,10 @@ class MemoryModel:
             self._min_request_fraction * self._total_bytes,
             self._smooth(self._per_request, share, elapsed_s, fast=shifted_up),
         )
-        if shifted_up:
-            return  # a change of level, not of spread: the mean moves, the spread stays
+        if shifted_up or deviation <= 0:
+            # A change of level is no spread; nor is a reading below the mean, which is as often a
+            # request admitted but not yet allocated as a small one. Only the large ones count.
+            return
         spread_seen = in_flight * deviation * deviation
         self._spread_sq = self._smooth(self._spread_sq, spread_seen, elapsed_s, fast=spread_seen > self._spread_sq)
 
@@ -278,11 +281,13 @@ class AIMD(_Bounds):
     * `target_utilisation=0.97`: the memory cap keeps the expected use under this fraction.
     * `memory_halflife_s=5.0`: how fast the memory model forgets (follows neighbours and inputs).
     * `knee_gain=0.5`: growth needs at least this fraction of the ideal throughput gain of one more
-      concurrent request, judged from latency at each concurrency; 0 turns the latency brake off.
-      Latency seen more than `knee_memory_s=30.0` ago is forgotten, so the brake cannot stick.
-    * `oom_hold_s=30.0`: after an OOM at limit N, the limit does not climb back to N for this long
-      (doubled at each further OOM at N or below, up to `max_oom_hold_s=600.0`). Where memory cannot
-      be measured, this is what stops AIMD from paying an OOM on every probe of a known-bad limit.
+      concurrent request, judged from latency at each (mean) concurrency; where a growth step fell
+      short it is taken back and not retried for `knee_memory_s=30.0`, after which old latency is
+      forgotten too, so the brake cannot stick. 0 turns the latency brake off.
+    * `oom_hold_s=30.0`: after an OOM with N requests in flight, the limit goes below N and does
+      not climb back to N for this long (doubled at each further OOM at N or more, up to
+      `max_oom_hold_s=600.0`). Where memory cannot be measured, this is what stops AIMD from paying
+      an OOM on every probe of a known-bad limit.
     """
 
     def __init__(
@@ -335,14 +340,15 @@ class AIMD(_Bounds):
         # concurrency -> (latency EWMA, when last seen)
         self._latency_s_by_concurrency: dict[int, tuple[float, float]] = {}
         self.ooms_seen = 0
-        # The lowest limit that ran out of memory lately, until when to stay below it, and the hold.
+        # The fewest in flight that ran out of memory lately, until when to stay below, and the hold.
         self._oom_ceiling: int | None = None
         self._oom_ceiling_until_s = -math.inf
         self._oom_hold_now_s = self.oom_hold_s
         self._last_oom_s = -math.inf
+        # A limit that bought no throughput lately, until when to stay below it; the last growth.
         self._knee_ceiling = math.inf
-        self._grown_to: int | None = None
         self._knee_until_s = -math.inf
+        self._grown_to: int | None = None
 
     # -- the protocol ---------------------------------------------------------------------------
 

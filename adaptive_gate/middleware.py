@@ -182,7 +182,7 @@ class AdaptiveGate:
     async def _gated(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived_s = time.monotonic()
         if not self.limiter.try_acquire():
-            waited = await self._wait_for_slot(scope, receive, send, arrived_s)
+            waited = await self._wait_for_slot(scope, receive, send)
             if waited is None:
                 return
             receive = waited
@@ -219,7 +219,7 @@ class AdaptiveGate:
             )
             await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
 
-    async def _wait_for_slot(self, scope: Scope, receive: Receive, send: Send, arrived_s: float) -> Receive | None:
+    async def _wait_for_slot(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Queue for a slot. Returns the `receive` the app must use, or None when already answered."""
         timeout_s = self._deadline_s(scope)
         if self.limiter.queued >= self.limiter.max_queue:

@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, help="arrivals per second (default: 2x a measured capacity)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    duration_s = 12.0 if args.quick else 40.0
+    duration_s = 12.0 if args.quick else 30.0
     extra = ["--device", args.device]
     if args.vram_fraction:
         extra += ["--vram-fraction", str(args.vram_fraction)]
