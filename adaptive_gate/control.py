@@ -118,6 +118,11 @@ class MemoryEstimate:
     spread_bytes: float = 0.0
 
 
+# Busy samples after which a model that still has no cap (requests that hold next to nothing on the
+# card) stops holding growth back.
+BLIND_GROWTH_AFTER_SAMPLES = 20
+
+
 class MemoryModel:
     """Learns the idle baseline and the bytes each request adds, from (in-flight, used) samples.
 
@@ -165,6 +170,12 @@ class MemoryModel:
         self._spread_sq = 0.0  # variance of one request's bytes
         self._total_bytes = 0
         self.samples = 0
+        self.busy_samples = 0
+
+    @property
+    def learning(self) -> bool:
+        """Samples flow but the cap is not known yet: growing now would be blind."""
+        return self.samples > 0 and self.estimate() is None and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
 
     def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
         elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
@@ -172,6 +183,7 @@ class MemoryModel:
         self._total_bytes = total_bytes
         self.samples += 1
         used = float(used_bytes)
+        self.busy_samples += in_flight > 0
         self._recent.append((in_flight, used))
         if self._fit_recent():
             return
@@ -180,6 +192,7 @@ class MemoryModel:
             return
         if self._baseline is None:
             return  # busy since the start and no spread yet: nothing to tell the baseline by
+        self._baseline = min(self._baseline, used)  # whatever runs, the baseline is no more than this
         share = (used - self._baseline) / in_flight
         if self._per_request is None:
             if share >= self._min_request_fraction * total_bytes:
@@ -375,6 +388,8 @@ class AIMD(_Bounds):
             return
         if self._aimd_limit > self._limit:
             return  # another bound holds the limit: growing the AIMD part would only creep
+        if self.memory.learning:
+            return  # memory is measured but not understood yet: one busy sample more, then grow
         self._window_successes += 1
         window = 1 if self._in_slow_start else self._aimd_limit
         if self._window_successes < window:

@@ -133,8 +133,8 @@ class _Run:
         return [p for p in self.phases if p.start_s <= self.now_s][-1]
 
     def run(self) -> SimulationResult:
+        self.schedule(0.0, "sample")  # the sampler starts with the service, before the first request
         self.schedule(0.0, "arrival")
-        self.schedule(0.0, "sample")
         for phase in self.phases:
             self.schedule(phase.start_s, "phase", phase)
         handlers: dict[str, Callable[[object], None]] = {

@@ -41,6 +41,27 @@ def test_slow_start_then_additive_increase() -> None:
     assert c.limit == 3
 
 
+def test_no_blind_growth_while_memory_is_measured_but_not_understood() -> None:
+    c = AIMD(knee_gain=0)
+    bound(c)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)  # a probe is there
+    successes(c, 50)
+    assert c.limit == 1  # no sample with a request in flight yet: how much one takes is unknown
+    c.on_sample(now_s=0.1, sample=MemorySample(11 * GiB, TOTAL), in_flight=1)
+    successes(c, 50)
+    assert c.limit == 5  # now known: grown to what fits, no further
+
+
+def test_requests_that_hold_nothing_do_not_block_growth_forever() -> None:
+    c = AIMD(knee_gain=0)
+    bound(c)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    for i in range(25):
+        c.on_sample(now_s=0.1 * (i + 1), sample=MemorySample(8 * GiB, TOTAL), in_flight=1)
+    successes(c, 50)
+    assert c.limit > 1
+
+
 def test_no_growth_without_demand() -> None:
     c = AIMD(knee_gain=0)
     bound(c)
@@ -83,8 +104,9 @@ def test_oom_ceiling_holds_then_lets_the_limit_probe_again() -> None:
 
 
 def test_high_watermark_cuts_gently_and_stops_growth() -> None:
-    c = AIMD(knee_gain=0, pressure_cooldown_s=1.0)
+    c = AIMD(knee_gain=0, pressure_cooldown_s=1.0, target_utilisation=1.0)
     bound(c, initial=10)
+    c.on_sample(now_s=-0.1, sample=MemorySample(int(0.9 * TOTAL), TOTAL), in_flight=0)  # the sampler starts idle
     c.on_sample(now_s=0, sample=MemorySample(int(0.99 * TOTAL), TOTAL), in_flight=10)
     assert c.limit == 9 and c.reason == "memory above high watermark"
     c.on_sample(now_s=0.5, sample=MemorySample(int(0.99 * TOTAL), TOTAL), in_flight=9)
@@ -259,8 +281,9 @@ def test_growth_resumes_after_pressure_ends(steps: list[tuple[str, float, float,
     replay(c, steps)
     # Pressure ends: memory is low and well understood, no OOM for long, latency flat.
     later_s = 10_000.0
-    c.on_sample(now_s=later_s, sample=MemorySample(0, TOTAL), in_flight=0)
-    c.on_sample(now_s=later_s + 0.1, sample=MemorySample(TOTAL // 1000, TOTAL), in_flight=1)
+    for i in range(10):  # the sampler goes on: idle, then one request's worth
+        c.on_sample(now_s=later_s + i * 0.01, sample=MemorySample(0, TOTAL), in_flight=0)
+    c.on_sample(now_s=later_s + 0.1, sample=MemorySample(TOTAL // 100, TOTAL), in_flight=1)
     start = c.limit
     for i in range(2000):  # 200 s: long enough for any stale latency to be forgotten
         c.on_success(now_s=later_s + 1 + i * 0.1, latency_s=0.1, concurrency=c.limit, demand=True)

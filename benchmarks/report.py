@@ -1,0 +1,71 @@
+"""`python -m benchmarks.report`: the committed results as the Markdown tables of the README."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+ORDER = ["classic", "neighbour", "growth", "mixed", "classic-crash"]
+
+
+def best_static(runs: dict[str, dict[str, Any]]) -> str:
+    statics = [p for p in runs if p.startswith("static-")]
+    return max(statics, key=lambda p: runs[p]["goodput_per_s"])
+
+
+def scenario_rows() -> list[str]:
+    rows = [
+        "| scenario | load | goodput/s: none | best static-N | adaptive | adaptive / best static | "
+        "OOMs: none / static / adaptive | p99 ms: static / adaptive | 503 answered in (adaptive) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in ORDER:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        document = json.loads(path.read_text())
+        for load, runs in document["runs"].items():
+            oracle = best_static(runs)
+            none, static, adaptive = runs["none"], runs[oracle], runs["adaptive"]
+            ratio = adaptive["goodput_per_s"] / static["goodput_per_s"] if static["goodput_per_s"] else float("inf")
+            answered = adaptive["reject_answer_ms_mean"]
+            rows.append(
+                f"| {name} | {load} | {none['goodput_per_s']} | {static['goodput_per_s']} ({oracle}) | "
+                f"{adaptive['goodput_per_s']} | {ratio:.2f} | {none['ooms']} / {static['ooms']} / {adaptive['ooms']} | "
+                f"{static['p99_ms']} / {adaptive['p99_ms']} | {'-' if answered is None else f'{answered} ms'} |"
+            )
+    return rows
+
+
+def http_rows() -> list[str]:
+    path = RESULTS / "http_demo.json"
+    if not path.exists():
+        return []
+    document = json.loads(path.read_text())
+    rows = [
+        f"Open loop at {document['rate_per_s']:.1f} req/s for {document['duration_s']:.0f} s per run, "
+        f"deadline {document['deadline_s']:.0f} s (`{document['command']}`):",
+        "",
+        "| scenario | policy | goodput/s | p50 / p99 ms | 503s | 500s | gave up | wrk closed loop, good/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for scenario, runs in document["runs"].items():
+        for policy, run in runs.items():
+            wrk = run.get("wrk_closed_loop_16") or {}
+            rows.append(
+                f"| {scenario} | {policy} | {run['goodput_per_s']} | {run['p50_ms']} / {run['p99_ms']} | "
+                f"{run['503']} | {run['500']} | {run['gave_up']} | {wrk.get('goodput_per_s', '-')} |"
+            )
+    return rows
+
+
+def main() -> None:
+    print("\n".join(scenario_rows()))
+    print()
+    print("\n".join(http_rows()))
+
+
+if __name__ == "__main__":
+    main()
