@@ -118,6 +118,10 @@ class MemoryEstimate:
     spread_bytes: float = 0.0
 
 
+# Windows in a row that must show the throughput knee before the brake acts: one slow window (a
+# warm-up, a pause of the event loop) is not a knee.
+KNEE_STRIKES = 3
+
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
 # card) stops holding growth back.
 BLIND_GROWTH_AFTER_SAMPLES = 20
@@ -267,7 +271,24 @@ class MemoryModel:
         n = max(0, math.floor(room_bytes / est.per_request_bytes))
         while n > 0 and n * est.per_request_bytes + self.spread_z * math.sqrt(n) * est.spread_bytes > room_bytes:
             n -= 1
-        return n
+        # What was seen beats what is estimated: a level that ran in every recent sample under target
+        # fits, even where a noisy estimate puts the line a few percent too high.
+        return max(n, self._proven_level())
+
+    def _proven_level(self) -> int:
+        if 2 * len(self._recent) < (self._recent.maxlen or 0):
+            return 0  # too few samples to call anything proven
+        limit_bytes = self.target_utilisation * self._total_bytes
+        peak_by_level: dict[int, float] = {}
+        for in_flight, used in self._recent:
+            peak_by_level[in_flight] = max(used, peak_by_level.get(in_flight, 0.0))
+        # Every level up to the proven one must be under target too: memory grows with the level.
+        proven = 0
+        for level in sorted(peak_by_level):
+            if peak_by_level[level] > limit_bytes:
+                break
+            proven = level
+        return proven
 
 
 def _check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
@@ -362,6 +383,7 @@ class AIMD(_Bounds):
         self._knee_ceiling = math.inf
         self._knee_until_s = -math.inf
         self._grown_to: int | None = None
+        self._knee_strikes = 0
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -398,9 +420,11 @@ class AIMD(_Bounds):
         past_knee = self._past_knee(self._aimd_limit, now_s)
         if past_knee is None:
             return  # not enough recent latency to judge one more: wait for it
-        if past_knee:
-            # More at once bought no throughput, only latency: hold off growing there a while, and
-            # if growth got us here, take that step back (a brake, never a cut below it).
+        self._knee_strikes = self._knee_strikes + 1 if past_knee else 0
+        if self._knee_strikes >= KNEE_STRIKES:
+            # More at once bought no throughput, only latency, window after window: hold off growing
+            # there a while, and if growth got us here, take that step back (a brake, never a cut).
+            self._knee_strikes = 0
             self._in_slow_start = False
             self._knee_ceiling, self._knee_until_s = self._aimd_limit, now_s + self.knee_memory_s
             if self._grown_to == self._aimd_limit:
@@ -408,6 +432,8 @@ class AIMD(_Bounds):
                 self._update("throughput knee")
             self._grown_to = None
             return
+        if past_knee:
+            return  # one window's evidence: wait for the next before acting on it
         grown = min(self.max_limit, self._aimd_limit + self.increase_step)
         if self._oom_ceiling is not None and grown >= self._oom_ceiling and now_s < self._oom_ceiling_until_s:
             return  # this many ran out of memory lately: stay under it for now

@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import httpx
+from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -79,6 +80,7 @@ class RunResult:
     latencies_s: list[float] = field(default_factory=list)
     reject_answer_s: list[float] = field(default_factory=list)
     oom_times_s: list[float] = field(default_factory=list)
+    controller: dict[str, Any] | None = None  # the adaptive gate's controller at the end
     # (t, limit, in_flight, queued, used_bytes)
     series: list[tuple[float, float, int, int, int]] = field(default_factory=list)
 
@@ -105,6 +107,7 @@ class RunResult:
             "client_gave_up": self.client_gave_up,
             "settle_s": settle,
             "ooms_after_settle": None if settle is None else sum(t > settle for t in self.oom_times_s),
+            "controller_at_end": self.controller,
         }
 
 
@@ -261,10 +264,14 @@ async def run(
         limiter.total_tokens = int(policy.split("-")[1])  # the recipe's pool of N workers
     arrivals = random.Random(seed + 1)
     headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000))}
-    transport = httpx.ASGITransport(world.app, raise_app_exceptions=False)
     try:
         async with (
-            httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=DEADLINE_S) as client,
+            LifespanManager(world.app) as manager,  # as uvicorn does: the gate's sampler starts here
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(manager.app, raise_app_exceptions=False),
+                base_url="http://bench",
+                timeout=DEADLINE_S,
+            ) as client,
             anyio.create_task_group() as tg,
         ):
             await client.get("/nothing")  # builds the middleware stack before the clock starts
@@ -327,4 +334,6 @@ async def run(
         limiter.total_tokens = default_tokens
     result.ooms = world.gpu.oom_count
     result.oom_times_s = world.oom_times_s
+    if world.gate is not None:
+        result.controller = world.gate.controller.describe()
     return result

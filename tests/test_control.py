@@ -158,6 +158,21 @@ def test_memory_model_follows_a_neighbour_seen_at_an_idle_moment() -> None:
     assert model.cap() == 2
 
 
+def test_memory_model_trusts_a_level_seen_under_target() -> None:
+    model = MemoryModel()
+    model.add(0, 0, 8 * GiB, TOTAL)
+    model.add(0.1, 1, int(11.4 * GiB), TOTAL)  # one noisy reading: 3.4 GiB per request, so 4 would fit
+    assert model.cap() == 4
+    for i in range(20):  # but five have been running under target all along
+        model.add(0.2 + i * 0.1, 5, 23 * GiB, TOTAL)
+    assert model.cap() == 5
+    over = MemoryModel()
+    over.add(0, 0, 8 * GiB, TOTAL)
+    for i in range(20):  # five at once, over target: not proven, and the estimate says four
+        over.add(0.1 + i * 0.1, 5, int(23.9 * GiB), TOTAL)
+    assert over.cap() == 4
+
+
 def test_memory_model_busy_from_the_start_fits_a_line() -> None:
     model = MemoryModel(target_utilisation=0.9)
     for i, in_flight in enumerate([1, 2, 3, 2, 1, 3, 2, 1, 2, 3]):
