@@ -33,14 +33,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer loads and N, shorter runs (a few minutes)")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
-    parser.add_argument("--duration", type=float, help="seconds of arrivals per run (default 15, quick 8)")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals per run (default 12, quick 8)")
     parser.add_argument("--no-http", action="store_true", help="skip the runs against the demo service over HTTP")
     args = parser.parse_args()
     logging.getLogger("adaptive_gate").setLevel(logging.ERROR)  # one line per OOM would drown the table
 
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     statics = QUICK_STATIC if args.quick else FULL_STATIC
-    duration_s = args.duration or (8.0 if args.quick else 15.0)
+    duration_s = args.duration or (8.0 if args.quick else 12.0)
     policies = ["none", *(f"static-{n}" for n in statics), "adaptive"]
     command = "python -m benchmarks" + (" --quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
