@@ -70,10 +70,18 @@ def main() -> None:
                          "capacity_per_s": scenario.capacity_per_s, "duration_s": duration_s},
             "runs": {load: {p: r.summary() for p, r in by_policy.items()} for load, by_policy in runs.items()},
             "series": {load: {p: r.series for p, r in by_policy.items()} for load, by_policy in runs.items()},
+            "oom_times_s": {load: {p: r.oom_times_s for p, r in by_policy.items()} for load, by_policy in runs.items()},
         }  # fmt: skip
         (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
         plot_load = "2x" if "2x" in runs else loads[-1]
-        plot_scenario(name, scenario.description, plot_load, runs[plot_load], RESULTS / f"{name}.png")
+        shown = runs[plot_load]
+        plot_scenario(
+            name, scenario.description, plot_load,
+            summaries={p: r.summary() for p, r in shown.items()},
+            series={p: r.series for p, r in shown.items()},
+            path=RESULTS / f"{name}.png",
+            oom_times_s={p: r.oom_times_s for p, r in shown.items()},
+        )  # fmt: skip
 
     print("\nTargets (ratios measured side by side in this run):")
     for line in verdicts:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from .plots import plot_scenario
 
 RESULTS = Path(__file__).parent / "results"
 ORDER = ["classic", "neighbour", "growth", "mixed", "classic-crash"]
@@ -61,7 +64,29 @@ def http_rows() -> list[str]:
     return rows
 
 
+def redraw_plots() -> None:
+    for name in ORDER:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        document = json.loads(path.read_text())
+        load = "2x" if "2x" in document["runs"] else next(iter(document["runs"]))
+        plot_scenario(
+            name,
+            document["scenario"]["description"],
+            load,
+            summaries=document["runs"][load],
+            series=document["series"][load],
+            path=RESULTS / f"{name}.png",
+            oom_times_s=document.get("oom_times_s", {}).get(load),
+        )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--plots", action="store_true", help="draw the PNGs again from the JSON results")
+    if parser.parse_args().plots:
+        redraw_plots()
     print("\n".join(scenario_rows()))
     print()
     print("\n".join(http_rows()))
