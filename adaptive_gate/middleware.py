@@ -443,7 +443,9 @@ class AdaptiveGate:
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._read_thread_pool()
-        sampler = self._sampler or self._make_sampler()
+        # A second lifespan in the same process (tests, reloads) samples again with a fresh sampler.
+        running = self._sampler is not None and self._sampler.running
+        sampler = self._sampler if running else self._make_sampler()
 
         async def receive_and_watch() -> Message:
             message = await receive()

@@ -120,3 +120,14 @@ async def test_probe_none_never_samples() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
             status = (await client.get("/gate/status")).json()
     assert status["memory"] is None and "probe=None" in status["probe"]["description"]
+
+
+async def test_a_second_lifespan_samples_again() -> None:
+    probe = Probe("ok")
+    app = app_with(probe)
+    async with LifespanManager(app):
+        await wait_until(lambda: probe.calls >= 1)
+    calls = probe.calls
+    async with LifespanManager(app):
+        await wait_until(lambda: probe.calls > calls + 1)
+        assert find_gate(app)._sampler.running  # type: ignore[union-attr]
