@@ -124,6 +124,7 @@ def status_document(
             "healthy": probe.last_error is None,
             "last_error": probe.last_error,
             "errors": probe.errors,
+            "consecutive_errors": probe.consecutive_errors,
         },
         "limit_changes": [asdict(change) for change in changes],
         "options": options,

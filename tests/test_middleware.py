@@ -441,6 +441,7 @@ async def test_probe_failure_never_takes_the_service_down() -> None:
         assert (await client.post("/work")).status_code == 200
         status = (await client.get("/gate/status")).json()
     assert status["probe"]["healthy"] is False and "NVML_ERROR_UNKNOWN" in status["probe"]["last_error"]
+    assert status["probe"]["consecutive_errors"] >= 2
     assert status["memory"] is None
 
 
