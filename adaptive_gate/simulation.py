@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .control import AIMD, Controller
 from .limiter import Limiter, QueueFull, Waiter
-from .testing import SimulatedGPU
+from .testing import Allocation, SimulatedGPU
 
 __all__ = ["Phase", "SimulationResult", "simulate"]
 
@@ -70,6 +70,7 @@ class _Request:
     busy_area_at_admission: float = 0.0
     epoch: int = 0
     waiter: Waiter | None = None
+    allocation: Allocation | None = None
 
 
 def simulate(
@@ -209,7 +210,7 @@ class _Run:
         request.busy_area_at_admission = self.limiter.busy_area()
         request.epoch = self.controller.epoch
         try:
-            self.gpu._take(request.nbytes)
+            request.allocation = self.gpu.allocate(request.nbytes).__enter__()
         except RuntimeError:
             self.result.ooms += 1
             self.result.rejected += 1
@@ -226,7 +227,8 @@ class _Run:
             return  # a stale event: the request finished already, or others slowed it down
         self.next_completion = None
         self.running.remove(payload)
-        self.gpu._give(payload.nbytes)
+        if payload.allocation is not None:
+            payload.allocation.release()
         in_flight = self.limiter.in_flight
         latency_s = self.now_s - payload.admitted_s
         concurrency = (self.limiter.busy_area() - payload.busy_area_at_admission) / latency_s

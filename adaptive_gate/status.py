@@ -38,15 +38,19 @@ class RecentValues:
 
     def __init__(self, size: int = 1024) -> None:
         self._values: deque[float] = deque(maxlen=size)
+        self._sum = 0.0  # kept as values come and go: every rejection asks for the mean
 
     def add(self, value: float) -> None:
+        if len(self._values) == self._values.maxlen:
+            self._sum -= self._values[0]
         self._values.append(value)
+        self._sum += value
 
     def __len__(self) -> int:
         return len(self._values)
 
     def mean(self) -> float | None:
-        return sum(self._values) / len(self._values) if self._values else None
+        return self._sum / len(self._values) if self._values else None
 
     def percentiles_ms(self) -> dict[str, float] | None:
         return percentiles_ms(self._values)

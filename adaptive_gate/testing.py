@@ -18,7 +18,7 @@ from types import TracebackType
 
 from .memory import MemorySample
 
-__all__ = ["SimulatedGPU", "SimulatedOutOfMemoryError"]
+__all__ = ["Allocation", "SimulatedGPU", "SimulatedOutOfMemoryError"]
 
 
 class SimulatedOutOfMemoryError(RuntimeError):
@@ -33,7 +33,7 @@ def _oom_error(message: str) -> RuntimeError:
     return torch.cuda.OutOfMemoryError(message)
 
 
-class _Allocation:
+class Allocation:
     """Memory held on the simulated card until `release()` or the end of a `with` block.
 
     Dropping the object without releasing it leaks the memory, as a tensor kept alive by a
@@ -45,7 +45,7 @@ class _Allocation:
         self.nbytes = nbytes
         self._held = False
 
-    def __enter__(self) -> _Allocation:
+    def __enter__(self) -> Allocation:
         self._gpu._take(self.nbytes)
         self._held = True
         return self
@@ -123,11 +123,11 @@ class SimulatedGPU:
         with self._lock:
             return MemorySample(self._used_bytes + self._neighbour_bytes, self.total_bytes, self._oom_count)
 
-    def allocate(self, nbytes: int) -> _Allocation:
+    def allocate(self, nbytes: int) -> Allocation:
         """`with gpu.allocate(n): ...` holds n bytes for the block; raises an OOM if they don't fit."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        return _Allocation(self, nbytes)
+        return Allocation(self, nbytes)
 
     def set_neighbour(self, nbytes: int) -> None:
         """Another process on the card now holds `nbytes` (0: it left)."""

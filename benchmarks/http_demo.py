@@ -82,6 +82,8 @@ class Service:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
+        self.log.close()
 
 
 async def open_loop(service: Service, scenario: str, rate_per_s: float, duration_s: float) -> dict[str, Any]:
