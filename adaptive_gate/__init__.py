@@ -1,13 +1,12 @@
 """adaptive-gate: VRAM-aware admission control for FastAPI/Starlette services that run GPU inference."""
 
+from ._version import __version__
 from .control import AIMD, Controller, Fixed
 from .limiter import Limiter, QueueFull, QueueTimeout
 from .memory import MemorySample
 from .middleware import AdaptiveGate
 from .oom import is_oom
 from .probes import CombinedProbe, NvmlProbe, Probe, TorchCudaProbe
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AIMD",

@@ -13,6 +13,7 @@ so with Starlette alone only `tag=None` (gate every request) or routes carrying 
 from __future__ import annotations
 
 import enum
+import inspect
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -26,11 +27,21 @@ def normalise_tag(tag: object) -> str:
     return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
 
 
+class GatedRoute:
+    """What the diagnostics need of a gated route: how to name it, and whether it is `async def`."""
+
+    __slots__ = ("label", "is_async")
+
+    def __init__(self, label: str, is_async: bool) -> None:
+        self.label = label
+        self.is_async = is_async
+
+
 class _Node:
     """One route. Plain HTTP routes keep their regex and methods, to be matched without the
     route's own `matches()` (which builds dicts and converts parameters we don't need)."""
 
-    __slots__ = ("route", "gated", "children", "regex", "methods")
+    __slots__ = ("route", "gated", "children", "regex", "methods", "gated_route")
 
     def __init__(self, route: Any, gated: bool, children: list[_Node] | None) -> None:
         self.route = route
@@ -41,6 +52,14 @@ class _Node:
         if children is None and isinstance(getattr(route, "original_route", route), Route):
             self.regex = route.path_regex
             self.methods = frozenset(route.methods) if route.methods else None
+        methods = ",".join(sorted(self.methods - {"HEAD"} or self.methods)) if self.methods else "*"
+        endpoint = getattr(route, "endpoint", None)
+        self.gated_route = GatedRoute(
+            f"{methods} {getattr(route, 'path', '?')}",
+            inspect.iscoroutinefunction(endpoint)
+            or callable(endpoint)
+            and inspect.iscoroutinefunction(endpoint.__call__),
+        )
 
 
 def _expand(routes: Sequence[Any]) -> Iterable[Any]:
@@ -81,21 +100,21 @@ def route_path(scope: Scope) -> str:
     return rest if rest.startswith("/") or not rest else path
 
 
-def _gated(nodes: list[_Node], scope: Scope) -> bool:
+def _gated(nodes: list[_Node], scope: Scope) -> GatedRoute | None:
     path = route_path(scope)
     method = scope["method"]
     for node in nodes:
         if node.regex is not None:
             if node.regex.match(path) is None or (node.methods is not None and method not in node.methods):
                 continue  # no match, or a partial one (wrong method): the router keeps looking too
-            return node.gated
+            return node.gated_route if node.gated else None
         match, child_scope = node.route.matches(scope)
         if match is not Match.FULL:
             continue
         if node.children is None:
-            return node.gated
+            return node.gated_route if node.gated else None
         return _gated(node.children, {**scope, **child_scope})
-    return False
+    return None
 
 
 class RouteTable:
@@ -108,13 +127,21 @@ class RouteTable:
         self._nodes: list[_Node] = []
 
     def is_gated(self, scope: Scope) -> bool:
+        return self.match(scope) is not None
+
+    def match(self, scope: Scope) -> GatedRoute | None:
+        """The gated route this request goes to, or None when it is not gated."""
         if self._tag is None:
-            return True
+            return EVERY_REQUEST
         app = scope.get("app")
         routes = getattr(app, "routes", None)
         if routes is None:
-            return False
+            return None
         if app is not self._app or len(routes) != self._size:
             self._nodes = _build(routes, self._tag)
             self._app, self._size = app, len(routes)
         return _gated(self._nodes, scope)
+
+
+# With `tag=None` every request is gated, and which endpoint serves it is not looked up.
+EVERY_REQUEST = GatedRoute("* (tag=None)", False)

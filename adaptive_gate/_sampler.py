@@ -1,4 +1,4 @@
-"""The background loop that reads the memory probe off the event loop.
+"""The background loops: the one that reads the memory probe off the event loop, and the monitor.
 
 A probe may raise (no driver, an NVML error) or hang (a wedged driver). Neither may reach the
 service: each call runs in a worker thread under a timeout, on a private one-token thread limiter
@@ -10,6 +10,7 @@ After a failure the loop waits longer (exponential backoff), and it says what ha
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import anyio
@@ -23,23 +24,10 @@ logger = logging.getLogger("adaptive_gate")
 MAX_BACKOFF_S = 5.0
 
 
-class Sampler:
-    def __init__(
-        self,
-        probe_factory: Callable[[], tuple[Probe | None, str]],
-        *,
-        period_s: float,
-        timeout_s: float,
-        on_probe: Callable[[Probe | None, str], None],
-        on_sample: Callable[[MemorySample], None],
-        on_error: Callable[[str], None],
-    ) -> None:
-        self._probe_factory = probe_factory
-        self._period_s = period_s
-        self._timeout_s = timeout_s
-        self._on_probe = on_probe
-        self._on_sample = on_sample
-        self._on_error = on_error
+class BackgroundLoop:
+    """A loop the gate runs beside the application: started once, stopped from anywhere, at once."""
+
+    def __init__(self) -> None:
         self._cancel_scope: anyio.CancelScope | None = None
         self._stopped = False
         self.running = False
@@ -50,19 +38,45 @@ class Sampler:
             self._cancel_scope.cancel()
 
     async def run(self) -> None:
-        limiter = anyio.CapacityLimiter(1)
         self.running = True
         try:
             with anyio.CancelScope() as scope:
                 self._cancel_scope = scope
                 if self._stopped:
                     scope.cancel()
-                probe = await self._start_probe(limiter)
-                if probe is not None:
-                    await self._loop(probe, limiter)
+                await self._body()
         finally:
             self.running = False
             self._cancel_scope = None
+
+    async def _body(self) -> None:
+        raise NotImplementedError
+
+
+class Sampler(BackgroundLoop):
+    def __init__(
+        self,
+        probe_factory: Callable[[], tuple[Probe | None, str]],
+        *,
+        period_s: float,
+        timeout_s: float,
+        on_probe: Callable[[Probe | None, str], None],
+        on_sample: Callable[[MemorySample], None],
+        on_error: Callable[[str], None],
+    ) -> None:
+        super().__init__()
+        self._probe_factory = probe_factory
+        self._period_s = period_s
+        self._timeout_s = timeout_s
+        self._on_probe = on_probe
+        self._on_sample = on_sample
+        self._on_error = on_error
+
+    async def _body(self) -> None:
+        limiter = anyio.CapacityLimiter(1)
+        probe = await self._start_probe(limiter)
+        if probe is not None:
+            await self._loop(probe, limiter)
 
     async def _start_probe(self, limiter: anyio.CapacityLimiter) -> Probe | None:
         try:
@@ -92,3 +106,26 @@ class Sampler:
                 self._on_sample(sample)
                 delay_s = self._period_s
             await anyio.sleep(delay_s)
+
+
+class Monitor(BackgroundLoop):
+    """Wakes every `period_s` and reports how late it woke: a late wake-up is a blocked event loop.
+
+    The same tick drives what the gate does on a clock: its history for the dashboard and the
+    diagnostics that watch states over time, so none of that costs anything per request.
+    """
+
+    def __init__(self, *, period_s: float, on_tick: Callable[[float, float], None]) -> None:
+        super().__init__()
+        self._period_s = period_s
+        self._on_tick = on_tick
+
+    async def _body(self) -> None:
+        while True:
+            due_s = time.monotonic() + self._period_s
+            await anyio.sleep(self._period_s)
+            now_s = time.monotonic()
+            try:
+                self._on_tick(now_s, max(0.0, now_s - due_s))
+            except Exception:  # a bug in bookkeeping must not stop the watch, nor reach the service
+                logger.exception("adaptive_gate: the monitor's tick failed")

@@ -13,11 +13,19 @@ class MemorySample:
     can tell, memory cached-but-free in PyTorch's allocator is not counted, because the gate would
     otherwise read the allocator's cache as pressure. `oom_count` is a cumulative count of
     out-of-memory events where the source knows it (PyTorch's `num_ooms`), else `None`.
+
+    The rest feed the diagnostics, where the source knows them: PyTorch's allocator totals for
+    this process (`allocated_bytes` in live tensors, `reserved_bytes` held from the driver; a wide
+    gap between them is fragmentation or cache), and how many processes hold memory on the device
+    (`process_count`, from NVML's process list).
     """
 
     used_bytes: int
     total_bytes: int
     oom_count: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    process_count: int | None = None
 
     def __post_init__(self) -> None:
         if self.total_bytes <= 0:

@@ -13,8 +13,10 @@ to the controller, and the controller's limit goes back to the limiter.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import os
 import random
 import time
 from collections import deque
@@ -24,14 +26,20 @@ import anyio
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._routes import RouteTable, normalise_tag, route_path
-from ._sampler import Sampler
+from . import metrics as _metrics
+from ._endpoints import Endpoints, check_token, send_json
+from ._operator import OperatorBounds, parse_limits
+from ._routes import GatedRoute, RouteTable, normalise_tag, route_path
+from ._sampler import Monitor, Sampler
+from ._version import __version__
+from ._workers import detect_workers
 from .control import AIMD, Controller
+from .diagnostics import Diagnostics
 from .limiter import Limiter, QueueFull, QueueTimeout
 from .memory import MemorySample
 from .oom import is_oom
-from .probes import Probe, auto_probe
-from .status import Counters, LimitChange, ProbeState, RecentValues, render_json, status_document
+from .probes import Probe, auto_probe, device_label
+from .status import Counters, History, LimitChange, ProbeState, RecentValues, status_document
 
 __all__ = ["AdaptiveGate"]
 
@@ -40,6 +48,9 @@ logger = logging.getLogger("adaptive_gate")
 DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
 MAX_BUFFERED_BODY_BYTES = 1 << 20
 MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
+MONITOR_PERIOD_S = 0.1
+PROBE_BROKEN_AFTER_ERRORS = 3  # readiness fails after this many failed readings in a row
+HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -62,16 +73,18 @@ def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> floa
 class _Slot:
     """One admitted request's hold on the limiter; given back exactly once, whatever happens."""
 
-    __slots__ = ("gate", "admitted_s", "busy_area_at_admission", "epoch", "released", "informative")
+    __slots__ = ("gate", "route", "admitted_s", "busy_area_at_admission", "epoch", "released", "informative", "oom")
 
-    def __init__(self, gate: AdaptiveGate, epoch: int) -> None:
+    def __init__(self, gate: AdaptiveGate, route: GatedRoute, epoch: int) -> None:
         self.gate = gate
+        self.route = route
         self.admitted_s = time.monotonic()
         self.busy_area_at_admission = gate.limiter.busy_area()
         self.epoch = epoch
         self.released = False
         # A 4xx/5xx answer says nothing about capacity: it gives the controller no latency sample.
         self.informative = True
+        self.oom = False
 
     def release(self, *, success: bool) -> None:
         if self.released:
@@ -103,6 +116,15 @@ class AdaptiveGate:
         max_retry_after: int = 60,
         sample_period: float = 0.1,
         probe_timeout: float = 1.0,
+        metrics_path: str | None = "/gate/metrics",
+        dashboard_path: str | None = "/gate/dashboard",
+        ready_path: str | None = "/gate/ready",
+        limits_path: str | None = "/gate/limits",
+        admin_token: str | None = None,
+        unprotected: tuple[str, ...] | frozenset[str] = (),
+        health_paths: tuple[str, ...] = HEALTH_PATHS,
+        workers: int | None = None,
+        diagnostics: Diagnostics | None = None,
     ) -> None:
         self.app = app
         self.tag = None if tag is None else normalise_tag(tag)
@@ -118,9 +140,24 @@ class AdaptiveGate:
         self.max_retry_after_s = _check_int("max_retry_after", max_retry_after, 1)
         self.sample_period_s = _check_seconds("sample_period", sample_period, allow_zero=False)
         self.probe_timeout_s = _check_seconds("probe_timeout", probe_timeout, allow_zero=False)
-        if status_path is not None and not (isinstance(status_path, str) and status_path.startswith("/")):
-            raise ValueError(f"status_path must be a path starting with '/' or None, got {status_path!r}")
         self.status_path = status_path
+        self._endpoints = Endpoints(
+            paths={
+                "status": status_path,
+                "metrics": metrics_path,
+                "dashboard": dashboard_path,
+                "ready": ready_path,
+                "limits": limits_path,
+            },
+            admin_token=check_token(admin_token),
+            unprotected=frozenset(unprotected),
+        )
+        if isinstance(health_paths, str) or not all(isinstance(p, str) for p in health_paths):
+            raise TypeError(f"health_paths must be a tuple of paths, got {health_paths!r}")
+        self.health_paths = frozenset(health_paths)
+        if workers is not None:
+            _check_int("workers", workers, 1)
+        self._workers_option = workers
         self._probe_option = self._check_probe(probe)
 
         if controller is None:
@@ -145,6 +182,20 @@ class AdaptiveGate:
         self._probe_oom_epoch = 0
         self._thread_pool_tokens: float | None = None
         self._warned_thread_pool = False
+        self._oom_logged_epoch = -1
+
+        self.operator: OperatorBounds | None = None
+        self.diagnostics = diagnostics if diagnostics is not None else Diagnostics()
+        self.history = History()
+        self.oom_times: deque[float] = deque(maxlen=256)  # unix s, for the dashboard's marks
+        self._running: dict[_Slot, None] = {}
+        self._finished: deque[tuple[GatedRoute, float, float]] = deque(maxlen=256)
+        self._monitor: Monitor | None = None
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._loop_lag_s = 0.0
+        self._last_second_s = -math.inf
+        self.workers, self._workers_source = detect_workers(workers)
+        self.metrics = _metrics.GateMetrics(self.status) if _metrics.available() else None
 
     @staticmethod
     def _check_probe(probe: object) -> object:
@@ -165,21 +216,19 @@ class AdaptiveGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if (
-            self.status_path is not None
-            and scope["method"] in ("GET", "HEAD")
-            and route_path(scope) == (self.status_path)
-        ):
-            await self._send_json(send, 200, self.status(), head=scope["method"] == "HEAD")
+        endpoint = self._endpoints.find(scope)
+        if endpoint is not None:
+            await self._endpoints.handle(endpoint, self, scope, receive, send)
             return
-        if not self._routes.is_gated(scope):
+        route = self._routes.match(scope)
+        if route is None or (self.health_paths and route_path(scope) in self.health_paths):
             await self.app(scope, receive, send)
             return
-        if self._sampler is None:
-            self._start_sampler_without_lifespan()
-        await self._gated(scope, receive, send)
+        if self._monitor is None:
+            self._start_background_without_lifespan()
+        await self._gated(route, scope, receive, send)
 
-    async def _gated(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
         arrived_s = time.monotonic()
         if not self.limiter.try_acquire():
             waited = await self._wait_for_slot(scope, receive, send)
@@ -187,8 +236,12 @@ class AdaptiveGate:
                 return
             receive = waited
         self.counters.admitted += 1
-        self.queue_wait_s.add(time.monotonic() - arrived_s)
-        slot = _Slot(self, self.controller.epoch)
+        waited_s = time.monotonic() - arrived_s
+        self.queue_wait_s.add(waited_s)
+        if self.metrics is not None:
+            self.metrics.queue_wait_s.observe(waited_s)
+        slot = _Slot(self, route, self.controller.epoch)
+        self._running[slot] = None
         response_started = False
 
         async def send_and_release(message: Message) -> None:
@@ -207,6 +260,7 @@ class AdaptiveGate:
             if not is_oom(exc):
                 self.counters.errors += 1
                 raise
+            slot.oom = True
             self._record_oom(slot.epoch)
             if response_started:
                 raise  # mid-stream: the status line is gone, the server must close the connection
@@ -214,10 +268,22 @@ class AdaptiveGate:
         finally:
             slot.release(success=False)
         if out_of_memory:
-            logger.warning(
-                "adaptive_gate: out of memory in %s %s, answered %d", scope["method"], scope["path"], self.reject_status
-            )
+            self._log_oom(slot, scope)
             await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+
+    def _log_oom(self, slot: _Slot, scope: Scope) -> None:
+        # One line per congestion event, not per request: a burst of OOMs is one story.
+        level = logging.WARNING if slot.epoch > self._oom_logged_epoch else logging.DEBUG
+        self._oom_logged_epoch = max(self._oom_logged_epoch, slot.epoch)
+        logger.log(
+            level,
+            "adaptive_gate: out of memory in %s %s with %d in flight, answered %d; limit now %d",
+            scope["method"],
+            scope["path"],
+            self.limiter.in_flight + 1,
+            self.reject_status,
+            self.limiter.limit,
+        )
 
     async def _wait_for_slot(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Queue for a slot. Returns the `receive` the app must use, or None when already answered."""
@@ -285,19 +351,30 @@ class AdaptiveGate:
         in_flight = self.limiter.in_flight
         busy_area = self.limiter.busy_area()
         self.limiter.release()
+        self._running.pop(slot, None)
+        self._finished.append((slot.route, slot.admitted_s, now_s))
         if not success:
+            if slot.oom:
+                self.counters.admitted_ooms += 1
+            else:
+                self.counters.failed += 1
             return
         latency_s = now_s - slot.admitted_s
         # The mean number of requests this one ran alongside (itself included), not a snapshot.
         concurrency = (busy_area - slot.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
         self.counters.completed += 1
         self.service_s.add(latency_s)
+        if self.metrics is not None:
+            self.metrics.service_s.observe(latency_s)
         demand = self.limiter.queued > 0 or in_flight >= self.limiter.limit
+        if self.operator is not None and self.controller.limit >= self.operator.max_limit:
+            demand = False  # held down by the operator: growing underneath would only creep
         self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
         self._apply_limit()
 
     def _record_oom(self, epoch: int) -> None:
         self.counters.ooms += 1
+        self.oom_times.append(time.time())
         self._ooms_from_errors += 1
         self.controller.on_oom(now_s=time.monotonic(), epoch=epoch, in_flight=self.limiter.in_flight)
         self._apply_limit()
@@ -310,6 +387,7 @@ class AdaptiveGate:
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit()
+        self.diagnostics.on_sample(now_s, sample, in_flight=self.limiter.in_flight, queued=self.limiter.queued)
 
     def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
         """OOMs the application caught itself show only in the probe's cumulative count."""
@@ -321,6 +399,7 @@ class AdaptiveGate:
         if unseen > 0:
             self._ooms_from_probe_counted += unseen
             self.counters.ooms += unseen
+            self.oom_times.append(time.time())
             # Cut at most once for what happened since the previous sample.
             self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch
@@ -335,17 +414,31 @@ class AdaptiveGate:
     def _on_probe(self, probe: Probe | None, description: str) -> None:
         self.probe_state.description = description or f"probe: {probe!r}"
         self.probe_state.simulated = type(probe).__name__ == "SimulatedGPU"
+        self.probe_state.device = device_label(probe)
         logger.info("adaptive_gate: %s", self.probe_state.description)
 
-    def _apply_limit(self) -> None:
+    def _apply_limit(self, reason: str | None = None) -> None:
         new_limit = self.controller.limit
+        if self.operator is not None and self.operator.clamp(new_limit) != new_limit:
+            new_limit = self.operator.clamp(new_limit)
+            reason = reason or ("operator pin" if self.operator.pinned else "operator bounds")
         old_limit = self.limiter.limit
         if new_limit == old_limit:
             return
         self.limiter.limit = new_limit
-        reason = self.controller.reason
+        reason = reason or self.controller.reason
+        if new_limit > old_limit:
+            self.counters.limit_increases += 1
+        else:
+            self.counters.limit_decreases += 1
         self.limit_changes.append(LimitChange(round(time.time(), 3), old_limit, new_limit, reason))
-        logger.info("adaptive_gate: limit %d -> %d (%s)", old_limit, new_limit, reason)
+        logger.info(
+            "adaptive_gate limit change: old=%d new=%d reason=%s",
+            old_limit,
+            new_limit,
+            json.dumps(reason),
+            extra={"adaptive_gate": {"event": "limit_change", "old": old_limit, "new": new_limit, "reason": reason}},
+        )
         self._warn_thread_pool(new_limit)
 
     # -- answers --------------------------------------------------------------------------------
@@ -368,56 +461,135 @@ class AdaptiveGate:
         self.counters.reject(reason)
         retry_after_s = self._retry_after_s()
         body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
-        await self._send_json(send, self.reject_status, body, headers=[(b"retry-after", str(retry_after_s).encode())])
-
-    @staticmethod
-    async def _send_json(
-        send: Send,
-        status: int,
-        document: dict[str, Any],
-        *,
-        headers: list[tuple[bytes, bytes]] | None = None,
-        head: bool = False,
-    ) -> None:
-        body = render_json(document)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"cache-control", b"no-store"),
-                    *(headers or []),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": b"" if head else body})
+        await send_json(send, self.reject_status, body, headers=[(b"retry-after", str(retry_after_s).encode())])
 
     def status(self) -> dict[str, Any]:
-        """The document served at `status_path`."""
+        """The document served at `status_path`. Nothing secret: the token shows only as set or not."""
         self.probe_state.running = self._sampler is not None and self._sampler.running
+        ready, not_ready = self.readiness()
+        controller = self.controller.describe()
+        bound = controller.get("bound", "controller")
+        if self.operator is not None and self.operator.clamp(self.controller.limit) != self.controller.limit:
+            bound = "operator"
         return status_document(
             limiter=self.limiter.statistics(),
-            min_limit=self.min_limit,
-            max_limit=self.max_limit,
+            min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
+            max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
             counters=self.counters,
             queue_wait_s=self.queue_wait_s,
             service_s=self.service_s,
             probe=self.probe_state,
             changes=self.limit_changes,
-            controller=self.controller.describe(),
+            controller=controller,
             options={
                 "tag": self.tag,
+                "min_limit": self.min_limit,
+                "max_limit": self.max_limit,
                 "max_queue": self.limiter.max_queue,
                 "queue_timeout_s": self.queue_timeout_s,
                 "reject_status": self.reject_status,
                 "max_retry_after_s": self.max_retry_after_s,
                 "sample_period_s": self.sample_period_s,
                 "probe_timeout_s": self.probe_timeout_s,
-                "status_path": self.status_path,
+                "paths": self._endpoints.paths,
+                "admin_token_set": self._endpoints.token_set,
+                "protected": sorted(self._endpoints.protected),
+                "health_paths": sorted(self.health_paths),
             },
+            extra={
+                "version": __version__,
+                "bound": bound,
+                "operator": None
+                if self.operator is None
+                else {"min_limit": self.operator.min_limit, "max_limit": self.operator.max_limit,
+                      "pinned": self.operator.pinned},
+                "ready": {"ready": ready, "reasons": not_ready},
+                "workers": {"count": self.workers, "source": self._workers_source, "pid": os.getpid()},
+                "loop_lag_s": round(self._loop_lag_s, 4),
+                "findings": self.diagnostics.findings(),
+                "finding_appearances": self.diagnostics.appearances(),
+            },
+        )  # fmt: skip
+
+    def metrics_body(self) -> bytes | None:
+        """Prometheus exposition, or None where prometheus-client is not installed."""
+        return None if self.metrics is None else self.metrics.render()
+
+    def dashboard_data(self) -> dict[str, Any]:
+        return {
+            "now_unix_s": round(time.time(), 3),
+            "status": self.status(),
+            "history": self.history.columns(),
+            "oom_unix_s": [round(t, 3) for t in self.oom_times],
+        }
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether to send this replica traffic now, and if not, why."""
+        reasons = []
+        if self.limiter.queued >= self.limiter.max_queue and self.limiter.in_flight >= self.limiter.limit:
+            reasons.append(f"the queue is full ({self.limiter.queued} waiting)")
+        if self.probe_state.consecutive_errors >= PROBE_BROKEN_AFTER_ERRORS:
+            reasons.append(f"the memory probe failed {self.probe_state.consecutive_errors} times in a row")
+        return not reasons, reasons
+
+    def operator_limits(self) -> dict[str, Any]:
+        return {
+            "limit": self.limiter.limit,
+            "controller_limit": self.controller.limit,
+            "operator": None
+            if self.operator is None
+            else {"min_limit": self.operator.min_limit, "max_limit": self.operator.max_limit,
+                  "pinned": self.operator.pinned},
+            "configured": {"min_limit": self.min_limit, "max_limit": self.max_limit},
+        }  # fmt: skip
+
+    def set_operator_limits(self, body: object) -> dict[str, Any]:
+        """Pin or bound the limit at run time (`PUT limits_path`); LimitsError leaves all as it was."""
+        bounds = parse_limits(body, configured_min=self.min_limit, configured_max=self.max_limit)
+        if bounds is not None and bounds == OperatorBounds(self.min_limit, self.max_limit):
+            bounds = None
+        self.operator = bounds
+        logger.info(
+            "adaptive_gate: operator limits set to %s",
+            "the configured bounds" if bounds is None else f"[{bounds.min_limit}, {bounds.max_limit}]",
         )
+        self._apply_limit("operator" if bounds is not None else "operator reset")
+        return self.operator_limits()
+
+    # -- the clock: loop lag, history, diagnostics ----------------------------------------------
+
+    def _on_tick(self, now_s: float, lag_s: float) -> None:
+        self._loop_lag_s = lag_s
+        if lag_s >= self.diagnostics.loop_stall_s:
+            self.diagnostics.on_loop_stall(now_s, lag_s, self._routes_running_since(now_s - lag_s - MONITOR_PERIOD_S))
+        sample = self.probe_state.last_sample
+        self.history.record(
+            time.time(),
+            limit=self.limiter.limit,
+            in_flight=self.limiter.in_flight,
+            queued=self.limiter.queued,
+            used_bytes=None if sample is None else sample.used_bytes,
+            total_bytes=None if sample is None else sample.total_bytes,
+        )
+        if now_s - self._last_second_s >= 1.0:
+            self._last_second_s = now_s
+            self.diagnostics.on_tick(
+                now_s,
+                limit=self.limiter.limit,
+                min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
+                max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
+                queued=self.limiter.queued,
+                probe_errors_in_row=self.probe_state.consecutive_errors,
+            )
+
+    def _routes_running_since(self, since_s: float) -> list[tuple[str, bool]]:
+        """Gated routes that ran at some point after `since_s`: the suspects of a stalled loop."""
+        routes = [(slot.route.label, slot.route.is_async) for slot in self._running]
+        for route, _, released_s in reversed(self._finished):
+            if released_s < since_s:
+                break
+            routes.append((route.label, route.is_async))
+        return routes
 
     # -- the sampler's life ---------------------------------------------------------------------
 
@@ -443,49 +615,55 @@ class AdaptiveGate:
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._read_thread_pool()
-        # A second lifespan in the same process (tests, reloads) samples again with a fresh sampler.
-        running = self._sampler is not None and self._sampler.running
-        sampler = self._sampler if running else self._make_sampler()
+        # A second lifespan in the same process (tests, reloads) starts fresh loops.
+        loops = [loop for loop in (self._make_sampler(), self._make_monitor()) if loop is not None]
 
         async def receive_and_watch() -> Message:
             message = await receive()
-            if message["type"] == "lifespan.shutdown" and sampler is not None:
-                sampler.stop()
+            if message["type"] == "lifespan.shutdown":
+                for loop in loops:
+                    loop.stop()
             return message
 
         error: Exception | None = None
         async with anyio.create_task_group() as task_group:
-            if sampler is not None and not sampler.running:
-                task_group.start_soon(sampler.run)
+            for loop in loops:
+                task_group.start_soon(loop.run)
             try:
                 await self.app(scope, receive_and_watch, send)
             except Exception as exc:  # re-raised below, unwrapped by the task group
                 error = exc
-            if sampler is not None:
-                sampler.stop()
+            for loop in loops:
+                loop.stop()
         if error is not None:
             raise error
 
-    def _start_sampler_without_lifespan(self) -> None:
-        """No lifespan ran (httpx ASGITransport, some servers): start sampling at the first request."""
-        if self._sampler is not None or self._probe_option is None:
-            return
-        self._read_thread_pool()
-        sampler = self._make_sampler()
-        if sampler is None:
-            return
+    def _make_monitor(self) -> Monitor:
+        self._monitor = Monitor(period_s=MONITOR_PERIOD_S, on_tick=self._on_tick)
+        return self._monitor
+
+    def _start_background_without_lifespan(self) -> None:
+        """No lifespan ran (httpx ASGITransport, some servers): start the loops at the first request."""
         if not _on_asyncio():
+            self._monitor = Monitor(period_s=MONITOR_PERIOD_S, on_tick=self._on_tick)  # never run: not asyncio
             self.probe_state.description = "probe: not sampled, no lifespan ran and the loop is not asyncio"
             return
-        self._sampler_task = asyncio.get_running_loop().create_task(sampler.run())
+        self._read_thread_pool()
+        loop = asyncio.get_running_loop()
+        self._monitor_task = loop.create_task(self._make_monitor().run())
+        sampler = self._make_sampler()
+        if sampler is not None:
+            self._sampler_task = loop.create_task(sampler.run())
 
     async def aclose(self) -> None:
-        """Stop sampling started without a lifespan (for tests and embedders)."""
-        if self._sampler is not None:
-            self._sampler.stop()
-        if self._sampler_task is not None:
-            await asyncio.wait([self._sampler_task])
-            self._sampler_task = None
+        """Stop the loops started without a lifespan (for tests and embedders)."""
+        for loop in (self._sampler, self._monitor):
+            if loop is not None:
+                loop.stop()
+        tasks = [task for task in (self._sampler_task, self._monitor_task) if task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        self._sampler_task = self._monitor_task = None
 
     def _read_thread_pool(self) -> None:
         if self._thread_pool_tokens is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any, Protocol, runtime_checkable
 
 from .memory import MemorySample
@@ -24,6 +25,8 @@ from .memory import MemorySample
 __all__ = ["CombinedProbe", "NvmlProbe", "Probe", "TorchCudaProbe", "auto_probe"]
 
 logger = logging.getLogger("adaptive_gate")
+
+PROCESS_LIST_PERIOD_S = 5.0  # NVML's process list costs milliseconds: read it now and then
 
 
 @runtime_checkable
@@ -65,6 +68,8 @@ class NvmlProbe:
         self.name = _as_text(self._pynvml.nvmlDeviceGetName(self._handle))
         self.uuid = _as_text(self._pynvml.nvmlDeviceGetUUID(self._handle))
         self._v2 = True
+        self._process_count: int | None = None
+        self._process_count_read_s = -float("inf")
 
     def _find(self, device: int | str) -> Any:
         nvml = self._pynvml
@@ -91,10 +96,21 @@ class NvmlProbe:
 
     def sample(self) -> MemorySample:
         used, total, _ = self.memory_info()
-        return MemorySample(used_bytes=used, total_bytes=total)
+        return MemorySample(used_bytes=used, total_bytes=total, process_count=self.recent_process_count())
 
     def process_count(self) -> int:
         return len(self._pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle))
+
+    def recent_process_count(self) -> int | None:
+        """The process count, read at most every few seconds; None where NVML cannot list them."""
+        now_s = time.monotonic()
+        if now_s - self._process_count_read_s >= PROCESS_LIST_PERIOD_S:
+            self._process_count_read_s = now_s
+            try:
+                self._process_count = self.process_count()
+            except Exception:  # not supported here (some vGPU and MIG setups): no diagnosis from it
+                self._process_count = None
+        return self._process_count
 
     def __repr__(self) -> str:
         return f"NvmlProbe({self.name!r}, uuid={self.uuid!r})"
@@ -129,7 +145,13 @@ class TorchCudaProbe:
         free, total = self._torch.cuda.mem_get_info(self.device)
         allocated, reserved, ooms = self.allocator_stats()
         used = max(0, int(total - free) - (reserved - allocated))
-        return MemorySample(used_bytes=used, total_bytes=int(total), oom_count=ooms)
+        return MemorySample(
+            used_bytes=used,
+            total_bytes=int(total),
+            oom_count=ooms,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+        )
 
     def __repr__(self) -> str:
         return f"TorchCudaProbe(cuda:{self.device})"
@@ -145,10 +167,31 @@ class CombinedProbe:
     def sample(self) -> MemorySample:
         used, total, _ = self.nvml.memory_info()
         allocated, reserved, ooms = self.torch.allocator_stats()
-        return MemorySample(used_bytes=max(0, used - (reserved - allocated)), total_bytes=total, oom_count=ooms)
+        return MemorySample(
+            used_bytes=max(0, used - (reserved - allocated)),
+            total_bytes=total,
+            oom_count=ooms,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+            process_count=self.nvml.recent_process_count(),
+        )
 
     def __repr__(self) -> str:
         return f"CombinedProbe({self.nvml!r}, {self.torch!r})"
+
+
+def device_label(probe: object) -> str:
+    """A short, stable name for a probe's device, for metric labels: a UUID where there is one."""
+    if probe is None:
+        return "none"
+    if isinstance(probe, NvmlProbe):
+        return probe.uuid
+    if isinstance(probe, CombinedProbe):
+        return probe.nvml.uuid
+    if isinstance(probe, TorchCudaProbe):
+        return f"cuda:{probe.device}"
+    label = getattr(probe, "device_label", None)
+    return str(label) if label else type(probe).__name__
 
 
 def _cuda_visible_first() -> str | None:

@@ -12,20 +12,40 @@ from typing import Any
 from .limiter import LimiterStatistics
 from .memory import MemorySample
 
-__all__ = ["Counters", "LimitChange", "ProbeState", "RecentValues", "percentiles_ms", "render_json", "status_document"]
+__all__ = [
+    "Counters",
+    "History",
+    "LimitChange",
+    "ProbeState",
+    "RecentValues",
+    "percentiles_ms",
+    "render_json",
+    "status_document",
+]
 
 
 @dataclass
 class Counters:
-    """Cumulative counts since start. `rejected` includes `timed_out` and OOM answers."""
+    """Cumulative counts since start.
+
+    Every admitted request ends as one of `completed` (a response below 400), `failed` (4xx/5xx,
+    an exception, a cancellation) or `admitted_ooms` (it ran out of memory). `rejected` counts
+    every 503/429 answer, the OOM answers among them; `timed_out` is the deadline part of it.
+    `ooms` adds the OOMs that the application caught itself, seen through the probe. `errors`
+    counts exceptions other than OOMs.
+    """
 
     admitted: int = 0
     completed: int = 0
+    failed: int = 0
+    admitted_ooms: int = 0
     rejected: int = 0
     timed_out: int = 0
     ooms: int = 0
     errors: int = 0
     left_queue: int = 0
+    limit_increases: int = 0
+    limit_decreases: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
@@ -67,6 +87,35 @@ def percentiles_ms(values_s: Iterable[float], digits: int = 3) -> dict[str, floa
     }
 
 
+class History:
+    """One point per second over the last minutes, for the dashboard.
+
+    The monitor records several times a second; a point keeps the highest in-flight and queue seen
+    within its second (a burst between two reads is not lost) and the last limit and memory.
+    """
+
+    COLUMNS = ("unix_s", "limit", "in_flight", "queued", "used_bytes", "total_bytes")
+
+    def __init__(self, seconds: int = 600) -> None:
+        self._points: deque[list[float | None]] = deque(maxlen=seconds)
+
+    def record(
+        self, unix_s: float, *, limit: int, in_flight: int, queued: int, used_bytes: int | None, total_bytes: int | None
+    ) -> None:
+        second = float(math.floor(unix_s))
+        last = self._points[-1] if self._points else None
+        if last is not None and last[0] == second:
+            last[1] = limit
+            last[2] = max(in_flight, last[2] or 0)
+            last[3] = max(queued, last[3] or 0)
+            last[4], last[5] = used_bytes, total_bytes
+            return
+        self._points.append([second, limit, in_flight, queued, used_bytes, total_bytes])
+
+    def columns(self) -> dict[str, list[float | None]]:
+        return {name: [point[i] for point in self._points] for i, name in enumerate(self.COLUMNS)}
+
+
 @dataclass(frozen=True)
 class LimitChange:
     at_unix_s: float
@@ -86,6 +135,7 @@ class ProbeState:
     errors: int = 0
     simulated: bool = False
     running: bool = False
+    device: str = "none"
 
 
 def status_document(
@@ -100,6 +150,7 @@ def status_document(
     changes: deque[LimitChange],
     controller: dict[str, Any],
     options: dict[str, Any],
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     sample = probe.last_sample
     return {
@@ -109,6 +160,8 @@ def status_document(
         "min_limit": min_limit,
         "max_limit": max_limit,
         "max_queue": limiter.max_queue,
+        **extra,
+        "device": probe.device,
         "memory": None
         if sample is None
         else {
@@ -116,6 +169,9 @@ def status_document(
             "total_bytes": sample.total_bytes,
             "utilisation": round(sample.utilisation, 4),
             "oom_count": sample.oom_count,
+            "allocated_bytes": sample.allocated_bytes,
+            "reserved_bytes": sample.reserved_bytes,
+            "process_count": sample.process_count,
             "simulated": probe.simulated,
         },
         "counters": asdict(counters),

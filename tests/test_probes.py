@@ -95,7 +95,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_nvml_by_index_uuid_and_pci(nvml: FakeNvml) -> None:
-    assert NvmlProbe(0).sample() == MemorySample(1 * GiB, 16 * GiB)
+    assert NvmlProbe(0).sample() == MemorySample(1 * GiB, 16 * GiB, process_count=2)
     assert NvmlProbe("GPU-bbbb").sample().total_bytes == 80 * GiB
     assert NvmlProbe("bbbb").sample().total_bytes == 80 * GiB  # torch's bare UUID
     assert NvmlProbe("00000000:41:00.0").sample().total_bytes == 80 * GiB
@@ -122,7 +122,7 @@ def test_nvml_missing_or_broken(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_torch_probe_does_not_count_the_allocator_cache(fake_cuda: dict[str, Any]) -> None:
     sample = TorchCudaProbe(0).sample()
     # 20 GiB used on the card, of which 4 GiB is PyTorch's cache (reserved - allocated): 16 GiB really taken.
-    assert sample == MemorySample(16 * GiB, 80 * GiB, 3)
+    assert sample == MemorySample(16 * GiB, 80 * GiB, 3, allocated_bytes=10 * GiB, reserved_bytes=14 * GiB)
 
 
 def test_torch_probe_needs_cuda() -> None:
@@ -134,7 +134,24 @@ def test_torch_probe_needs_cuda() -> None:
 
 def test_combined_probe(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
     probe = CombinedProbe(NvmlProbe("GPU-bbbb"), TorchCudaProbe(0))
-    assert probe.sample() == MemorySample(1 * GiB, 80 * GiB, 3)  # 5 GiB on NVML minus the 4 GiB cache
+    # 5 GiB on NVML minus the 4 GiB cache
+    expected = MemorySample(1 * GiB, 80 * GiB, 3, allocated_bytes=10 * GiB, reserved_bytes=14 * GiB, process_count=2)
+    assert probe.sample() == expected
+
+
+def test_nvml_reads_the_process_list_now_and_then(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(nvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: calls.append(1) or [1, 2, 3])
+    probe = NvmlProbe(0)
+    assert [probe.sample().process_count for _ in range(50)] == [3] * 50
+    assert len(calls) == 1  # milliseconds a call: not on every sample
+
+    def unsupported(handle: object) -> list[object]:
+        raise nvml.NVMLError("Not Supported")
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetComputeRunningProcesses", unsupported)
+    probe = NvmlProbe(0)
+    assert probe.sample().process_count is None
 
 
 def test_auto_maps_cuda_to_nvml_by_uuid_never_by_index(

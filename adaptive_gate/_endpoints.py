@@ -1,0 +1,231 @@
+"""The gate's own endpoints: status, metrics, dashboard, readiness, and the limits an operator sets.
+
+Each can be moved or switched off (`None`). With an `admin_token`, status, metrics and dashboard
+answer 401 without `Authorization: Bearer <token>` (compared in constant time), unless listed in
+`unprotected`; `PUT {limits_path}` exists only then. Readiness is never protected: Kubernetes
+probes carry no token, and it tells nothing but ready or not and why.
+
+A browser cannot add a header to a page it navigates to, so the dashboard answers its 401 with a
+small page that asks for the token, keeps it in the tab's `sessionStorage` and sends it as a
+header; the token never travels in a URL, where access logs would keep it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from importlib import resources
+from typing import Any, Protocol
+
+from starlette.types import Receive, Scope, Send
+
+from ._routes import route_path
+from .status import render_json
+
+__all__ = ["ENDPOINTS", "Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
+
+ENDPOINTS = ("status", "metrics", "dashboard", "ready", "limits")
+PROTECTABLE = ("status", "metrics", "dashboard")
+MAX_LIMITS_BODY_BYTES = 16 << 10
+MIN_TOKEN_CHARS = 16
+
+
+class LimitsError(ValueError):
+    """A `PUT /gate/limits` body that makes no sense: answered 422, nothing changed."""
+
+
+class GateControl(Protocol):
+    def status(self) -> dict[str, Any]: ...
+
+    def metrics_body(self) -> bytes | None: ...
+
+    def dashboard_data(self) -> dict[str, Any]: ...
+
+    def readiness(self) -> tuple[bool, list[str]]: ...
+
+    def operator_limits(self) -> dict[str, Any]: ...
+
+    def set_operator_limits(self, body: object) -> dict[str, Any]: ...
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    body: bytes,
+    *,
+    content_type: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    head: bool = False,
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    document: dict[str, Any],
+    *,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    head: bool = False,
+) -> None:
+    await send_bytes(send, status, render_json(document), content_type=b"application/json", headers=headers, head=head)
+
+
+def _page(name: str) -> bytes:
+    return resources.files("adaptive_gate").joinpath(name).read_bytes()
+
+
+def check_paths(paths: dict[str, str | None]) -> dict[str, str | None]:
+    seen: dict[str, str] = {}
+    for name, path in paths.items():
+        if path is None:
+            continue
+        if not isinstance(path, str) or not path.startswith("/") or path.endswith("/") and path != "/":
+            raise ValueError(f"{name}_path must be a path starting with '/' (no trailing '/'), or None; got {path!r}")
+        if path in seen:
+            raise ValueError(f"{name}_path and {seen[path]}_path are both {path!r}: give each endpoint its own path")
+        seen[path] = name
+    return paths
+
+
+def check_token(admin_token: object) -> str | None:
+    if admin_token is None:
+        return None
+    if not isinstance(admin_token, str):
+        raise TypeError(f"admin_token must be a str or None, got {type(admin_token).__name__}")
+    if len(admin_token) < MIN_TOKEN_CHARS or admin_token.strip() != admin_token:
+        raise ValueError(
+            f"admin_token must be at least {MIN_TOKEN_CHARS} characters without surrounding spaces; make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))' and pass it from an environment variable"
+        )
+    return admin_token
+
+
+class Endpoints:
+    def __init__(self, *, paths: dict[str, str | None], admin_token: str | None, unprotected: frozenset[str]) -> None:
+        unknown = set(unprotected) - set(PROTECTABLE)
+        if unknown:
+            raise ValueError(f"unprotected may name {', '.join(PROTECTABLE)}; got {sorted(unknown)}")
+        self.paths = check_paths(paths)
+        self._token = None if admin_token is None else admin_token.encode()
+        self.token_set = admin_token is not None
+        self._protected = {name for name in PROTECTABLE if name not in unprotected} if admin_token else set()
+        self._by_path = {path: name for name, path in self.paths.items() if path is not None}
+        if admin_token is None:
+            self._by_path = {path: name for path, name in self._by_path.items() if name != "limits"}
+        dashboard = self.paths.get("dashboard")
+        if dashboard is not None:
+            self._by_path[dashboard + "/data"] = "dashboard_data"
+
+    @property
+    def protected(self) -> frozenset[str]:
+        return frozenset(self._protected)
+
+    def find(self, scope: Scope) -> str | None:
+        """Which of the gate's endpoints this request is for, if any."""
+        if not self._by_path:
+            return None
+        return self._by_path.get(route_path(scope))
+
+    def _authorised(self, scope: Scope) -> bool | None:
+        """True with the right token, False with a wrong one, None with none at all."""
+        assert self._token is not None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() != b"bearer":
+                    return False
+                return hmac.compare_digest(credentials.strip(), self._token)
+        return None
+
+    async def handle(self, name: str, gate: GateControl, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        allowed = ("GET", "HEAD", "PUT") if name == "limits" else ("GET", "HEAD")
+        if method not in allowed:
+            await send_json(
+                send,
+                405,
+                {"detail": f"{method} is not allowed here; use {', '.join(allowed)}"},
+                headers=[(b"allow", ", ".join(allowed).encode())],
+            )
+            return
+        head = method == "HEAD"
+        guard = "dashboard" if name == "dashboard_data" else name
+        if guard in self._protected or guard == "limits":
+            authorised = self._authorised(scope)
+            if not authorised:
+                await self._unauthorised(send, html=name == "dashboard", wrong=authorised is False, head=head)
+                return
+        if name == "status":
+            await send_json(send, 200, gate.status(), head=head)
+        elif name == "metrics":
+            await self._metrics(gate, send, head)
+        elif name == "dashboard":
+            await send_bytes(send, 200, _page("dashboard.html"), content_type=b"text/html; charset=utf-8", head=head)
+        elif name == "dashboard_data":
+            await send_json(send, 200, gate.dashboard_data(), head=head)
+        elif name == "ready":
+            ready, reasons = gate.readiness()
+            await send_json(send, 200 if ready else 503, {"ready": ready, "reasons": reasons}, head=head)
+        elif method == "PUT":
+            await self._put_limits(gate, receive, send)
+        else:
+            await send_json(send, 200, gate.operator_limits(), head=head)
+
+    @staticmethod
+    async def _metrics(gate: GateControl, send: Send, head: bool) -> None:
+        body = gate.metrics_body()
+        if body is None:
+            from .metrics import MISSING
+
+            await send_json(send, 404, {"detail": MISSING}, head=head)
+            return
+        from .metrics import CONTENT_TYPE
+
+        await send_bytes(send, 200, body, content_type=CONTENT_TYPE.encode(), head=head)
+
+    async def _unauthorised(self, send: Send, *, html: bool, wrong: bool, head: bool) -> None:
+        challenge = b'Bearer realm="adaptive-gate"' + (b', error="invalid_token"' if wrong else b"")
+        headers = [(b"www-authenticate", challenge)]
+        if html:
+            body = _page("login.html")
+            await send_bytes(send, 401, body, content_type=b"text/html; charset=utf-8", headers=headers, head=head)
+            return
+        detail = "the token is wrong" if wrong else "this endpoint needs the header Authorization: Bearer <admin_token>"
+        await send_json(send, 401, {"detail": detail}, headers=headers, head=head)
+
+    async def _put_limits(self, gate: GateControl, receive: Receive, send: Send) -> None:
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > MAX_LIMITS_BODY_BYTES:
+                await send_json(send, 413, {"detail": f"the body is over {MAX_LIMITS_BODY_BYTES} bytes"})
+                return
+            if not message.get("more_body", False):
+                break
+        try:
+            document = json.loads(body)
+        except ValueError as exc:
+            await send_json(send, 422, {"detail": f"the body is not JSON: {exc}"})
+            return
+        try:
+            answer = gate.set_operator_limits(document)
+        except LimitsError as exc:
+            await send_json(send, 422, {"detail": str(exc)})
+            return
+        await send_json(send, 200, answer)

@@ -1,0 +1,64 @@
+"""How many worker processes serve this application, as far as can be told from inside one.
+
+Each worker has its own gate and sees the whole card through NVML, so the count matters only to
+the operator reading the status: it explains memory that other workers hold. Asked in order: the
+`workers` option, `WEB_CONCURRENCY` (which uvicorn and gunicorn both read as their worker count),
+then, on Linux, the children of a uvicorn/gunicorn/hypercorn parent process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["detect_workers"]
+
+SERVERS = ("uvicorn", "gunicorn", "hypercorn")
+
+
+def _cmdline(pid: int | str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent_pid(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces: the fields after it are safe to split.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def _server_workers() -> int | None:
+    parent = os.getppid()
+    if not any(server in _cmdline(parent) for server in SERVERS):
+        return None
+    try:
+        pids = [entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    except OSError:
+        return None
+    workers = 0
+    for pid in pids:
+        if _parent_pid(pid) != parent:
+            continue
+        if "resource_tracker" in _cmdline(pid):
+            continue  # multiprocessing's helper, not a worker
+        workers += 1
+    return workers or None
+
+
+def detect_workers(option: int | None) -> tuple[int, str]:
+    """(count, where it came from)."""
+    if option is not None:
+        return option, "workers option"
+    text = os.environ.get("WEB_CONCURRENCY", "").strip()
+    if text.isdigit() and int(text) >= 1:
+        return int(text), "WEB_CONCURRENCY"
+    counted = _server_workers()
+    if counted is not None:
+        return counted, "worker processes of the server"
+    return 1, "assumed: set WEB_CONCURRENCY or the workers option if several workers serve this app"
