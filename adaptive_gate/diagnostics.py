@@ -85,8 +85,8 @@ class Diagnostics:
       long one (one stall alone may be a pause of the machine; a habit is a bug).
     * `event_quiet_s=300`: a stall finding clears after this long without another.
     * `leak_window_s=600`, `leak_min_span_s=120`, `leak_min_growth_bytes=64 MiB`,
-      `leak_min_growth_fraction=0.02`: idle memory compared across the window, once it spans long
-      enough, must grow by both amounts (bytes, and fraction of the card) to be called a leak.
+      `leak_min_growth_fraction=0.01`: idle memory compared across the window, once it spans long
+      enough, must grow by the larger of the two (bytes, or that fraction of the card) to be a leak.
     * `fragmentation_fraction=0.2`, `fragmentation_for_s=10`: reserved minus allocated above this
       fraction of the card for this long.
     * `stuck_for_s=60`: the limit at `min_limit` with requests waiting, this long.
@@ -103,7 +103,7 @@ class Diagnostics:
         leak_window_s: float = 600.0,
         leak_min_span_s: float = 120.0,
         leak_min_growth_bytes: int = 64 * MIB,
-        leak_min_growth_fraction: float = 0.02,
+        leak_min_growth_fraction: float = 0.01,
         fragmentation_fraction: float = 0.2,
         fragmentation_for_s: float = 10.0,
         stuck_for_s: float = 60.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from .app import Settings, create_app
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+TOKEN_VARIABLE = "ADAPTIVE_GATE_ADMIN_TOKEN"
 
 
 def parse_size(text: str) -> int:
@@ -25,7 +27,12 @@ def parse_size(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m demo_service", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m demo_service",
+        description=__doc__,
+        epilog=f"Set {TOKEN_VARIABLE} to protect /gate/status, /gate/metrics and /gate/dashboard with that bearer "
+        "token and to open PUT /gate/limits.",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
@@ -53,6 +60,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"--image-side must be within [32, 4096], got {args.image_side}")
     names = ("min_limit", "max_limit", "initial_limit", "max_queue", "queue_timeout", "reject_status")
     gate = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    # A secret stays out of the command line, where `ps` would show it.
+    token = os.environ.get(TOKEN_VARIABLE)
+    if token:
+        gate["admin_token"] = token
     return Settings(
         device=args.device,
         architecture=args.model,

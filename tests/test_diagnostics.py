@@ -1,0 +1,249 @@
+"""Diagnostics: each classic mistake is recognised, said once, counted, and cleared when it goes."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from adaptive_gate import AdaptiveGate, Fixed, MemorySample
+from adaptive_gate.diagnostics import CODES, Diagnostics
+
+from .conftest import find_gate
+from .test_middleware import client_for, wait_until
+from .test_metrics import parse
+
+MiB = 1 << 20
+GiB = 1 << 30
+CARD = 16 * GiB
+
+
+def active(diagnostics: Diagnostics) -> set[str]:
+    return {f["code"] for f in diagnostics.findings() if f["active"]}
+
+
+def finding(diagnostics: Diagnostics, code: str) -> dict[str, object]:
+    return next(f for f in diagnostics.findings() if f["code"] == code)
+
+
+# -- the event loop ---------------------------------------------------------------------------------
+
+
+def test_a_habit_of_stalls_in_an_async_route_is_named() -> None:
+    diagnostics = Diagnostics()
+    routes = [("POST /predict", True), ("GET /other", False)]
+    diagnostics.on_loop_stall(10.0, 0.02, routes)  # under the threshold: nothing
+    diagnostics.on_loop_stall(11.0, 0.08, routes)
+    diagnostics.on_loop_stall(12.0, 0.08, routes)
+    assert active(diagnostics) == set()  # two may be the machine pausing
+    diagnostics.on_loop_stall(13.0, 0.08, routes)
+    assert active(diagnostics) == {"blocking_call_in_async_route"}
+    found = finding(diagnostics, "blocking_call_in_async_route")
+    assert "POST /predict" in str(found["message"]) and "GET /other" not in str(found["message"])
+    assert "anyio.to_thread.run_sync" in str(found["advice"])
+
+
+def test_stalls_far_apart_are_no_habit_but_one_long_stall_is_enough() -> None:
+    diagnostics = Diagnostics(event_quiet_s=60)
+    for t in (0.0, 100.0, 200.0):
+        diagnostics.on_loop_stall(t, 0.08, [("POST /predict", True)])
+    assert active(diagnostics) == set()
+    diagnostics.on_loop_stall(300.0, 0.7, [])
+    assert active(diagnostics) == {"event_loop_stalled"}  # nothing gated and async ran: something else
+
+
+def test_a_stall_finding_clears_after_a_quiet_spell_and_counts_its_appearances(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="adaptive_gate")
+    diagnostics = Diagnostics(event_quiet_s=30)
+    for t in range(5):
+        diagnostics.on_loop_stall(float(t), 0.9, [("POST /p", True)])
+    assert len(caplog.records) == 1  # said once as it appeared, not at every stall
+    tick = {"limit": 2, "min_limit": 1, "max_limit": 8, "queued": 0, "probe_errors_in_row": 0}
+    diagnostics.on_tick(20.0, **tick)
+    assert "blocking_call_in_async_route" in active(diagnostics)
+    diagnostics.on_tick(40.0, **tick)
+    assert active(diagnostics) == set()
+    assert finding(diagnostics, "blocking_call_in_async_route")["active"] is False  # still listed, cleared
+    diagnostics.on_loop_stall(50.0, 0.9, [("POST /p", True)])
+    assert diagnostics.appearances()["blocking_call_in_async_route"] == 2
+    assert len(caplog.records) == 2
+    assert set(diagnostics.appearances()) == set(CODES)
+
+
+# -- memory -------------------------------------------------------------------------------------------
+
+
+def test_idle_memory_that_creeps_up_is_a_leak() -> None:
+    diagnostics = Diagnostics()
+    for second in range(0, 200):
+        used = 2 * GiB + second * 2 * MiB  # two MiB a second while idle: 400 MiB in 200 s
+        diagnostics.on_sample(float(second), MemorySample(used, CARD), in_flight=0, queued=0)
+        if second == 100:
+            assert active(diagnostics) == set()  # under two minutes: not judged yet
+    assert active(diagnostics) == {"idle_memory_growth"}
+    assert "MiB" in str(finding(diagnostics, "idle_memory_growth")["message"])
+
+
+def test_busy_memory_and_flat_idle_memory_are_no_leak() -> None:
+    diagnostics = Diagnostics()
+    for second in range(0, 400):
+        busy = second % 2 == 0
+        used = 2 * GiB + (second * 10 * MiB if busy else 0)  # requests take more and more; idle stays put
+        diagnostics.on_sample(float(second), MemorySample(used, CARD), in_flight=int(busy), queued=0)
+    assert active(diagnostics) == set()
+
+
+def test_a_leak_is_judged_on_this_process_tensors_where_pytorch_tells_them() -> None:
+    diagnostics = Diagnostics()
+    for second in range(0, 300):
+        # A neighbour grows on the card; our own allocated bytes stay flat: not our leak.
+        sample = MemorySample(2 * GiB + second * 4 * MiB, CARD, allocated_bytes=GiB, reserved_bytes=GiB)
+        diagnostics.on_sample(float(second), sample, in_flight=0, queued=0)
+    assert active(diagnostics) == set()
+
+
+def test_the_leak_clears_when_memory_comes_back() -> None:
+    diagnostics = Diagnostics(leak_window_s=200, leak_min_span_s=100)
+    for second in range(0, 200):
+        diagnostics.on_sample(float(second), MemorySample(GiB + second * 2 * MiB, CARD), in_flight=0, queued=0)
+    assert active(diagnostics) == {"idle_memory_growth"}
+    for second in range(200, 500):
+        diagnostics.on_sample(float(second), MemorySample(GiB, CARD), in_flight=0, queued=0)
+    assert active(diagnostics) == set()
+
+
+def test_fragmentation_needs_a_wide_gap_that_lasts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    diagnostics = Diagnostics()
+    wide = MemorySample(10 * GiB, CARD, allocated_bytes=3 * GiB, reserved_bytes=8 * GiB)  # 5 GiB gap of 16
+    narrow = MemorySample(10 * GiB, CARD, allocated_bytes=7 * GiB, reserved_bytes=8 * GiB)
+    for t in range(0, 9):
+        diagnostics.on_sample(float(t), wide, in_flight=2, queued=0)
+    diagnostics.on_sample(9.5, narrow, in_flight=2, queued=0)  # a blip: the clock starts over
+    for t in range(10, 19):
+        diagnostics.on_sample(float(t), wide, in_flight=2, queued=0)
+    assert active(diagnostics) == set()
+    diagnostics.on_sample(21.0, wide, in_flight=2, queued=0)
+    assert active(diagnostics) == {"fragmentation"}
+    assert "expandable_segments:True" in str(finding(diagnostics, "fragmentation")["advice"])
+    diagnostics.on_sample(22.0, narrow, in_flight=2, queued=0)
+    assert active(diagnostics) == set()
+
+
+def test_fragmentation_advice_knows_expandable_segments_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    diagnostics = Diagnostics(fragmentation_for_s=0)
+    diagnostics.on_sample(0.0, MemorySample(9 * GiB, CARD, allocated_bytes=GiB, reserved_bytes=8 * GiB), in_flight=1,
+                          queued=0)  # fmt: skip
+    assert "already on" in str(finding(diagnostics, "fragmentation")["advice"])
+
+
+def test_several_processes_on_the_gpu_are_named() -> None:
+    diagnostics = Diagnostics()
+    diagnostics.on_sample(0.0, MemorySample(GiB, CARD, process_count=1), in_flight=0, queued=0)
+    assert active(diagnostics) == set()
+    diagnostics.on_sample(1.0, MemorySample(GiB, CARD, process_count=4), in_flight=0, queued=0)
+    assert active(diagnostics) == {"shared_gpu"}
+    assert "4 processes" in str(finding(diagnostics, "shared_gpu")["message"])
+    diagnostics.on_sample(2.0, MemorySample(GiB, CARD), in_flight=0, queued=0)  # unknown: no change
+    assert active(diagnostics) == {"shared_gpu"}
+    diagnostics.on_sample(3.0, MemorySample(GiB, CARD, process_count=1), in_flight=0, queued=0)
+    assert active(diagnostics) == set()
+
+
+# -- the limit and the probe ---------------------------------------------------------------------------
+
+
+def test_a_limit_stuck_at_the_minimum_with_demand_is_said() -> None:
+    diagnostics = Diagnostics()
+    stuck = {"limit": 1, "min_limit": 1, "max_limit": 8, "probe_errors_in_row": 0}
+    for t in range(0, 59):
+        diagnostics.on_tick(float(t), queued=3, **stuck)
+    diagnostics.on_tick(59.5, queued=0, **stuck)  # a lull does not reset it, nor raise it
+    assert active(diagnostics) == set()
+    diagnostics.on_tick(60.0, queued=2, **stuck)
+    assert active(diagnostics) == {"limit_at_minimum"}
+    diagnostics.on_tick(61.0, queued=2, limit=2, min_limit=1, max_limit=8, probe_errors_in_row=0)
+    assert active(diagnostics) == set()
+
+
+def test_a_pinned_limit_is_never_stuck() -> None:
+    diagnostics = Diagnostics(stuck_for_s=1)
+    for t in range(0, 10):
+        diagnostics.on_tick(float(t), limit=3, min_limit=3, max_limit=3, queued=5, probe_errors_in_row=0)
+    assert active(diagnostics) == set()
+
+
+def test_a_probe_that_keeps_failing_is_said_and_clears() -> None:
+    diagnostics = Diagnostics()
+    ok = {"limit": 2, "min_limit": 1, "max_limit": 8, "queued": 0}
+    diagnostics.on_tick(0.0, probe_errors_in_row=4, **ok)
+    assert active(diagnostics) == set()
+    diagnostics.on_tick(1.0, probe_errors_in_row=5, **ok)
+    assert active(diagnostics) == {"probe_failing"}
+    diagnostics.on_tick(2.0, probe_errors_in_row=0, **ok)
+    assert active(diagnostics) == set()
+
+
+def test_thresholds_are_checked() -> None:
+    with pytest.raises(ValueError, match="leak_min_span_s"):
+        Diagnostics(leak_min_span_s=700, leak_window_s=600)
+
+
+# -- through the gate ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_gate_names_an_async_route_that_blocks_the_loop() -> None:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, controller=Fixed(4))
+
+    @app.post("/blocking", tags=["gpu"])
+    async def blocking() -> dict[str, bool]:
+        time.sleep(0.6)  # the mistake: a blocking GPU call inside async def
+        return {"ok": True}
+
+    @app.post("/threaded", tags=["gpu"])
+    def threaded() -> dict[str, bool]:
+        time.sleep(0.6)  # the same work in a sync route runs in the thread pool: the loop stays free
+        return {"ok": True}
+
+    async with LifespanManager(app), client_for(app) as client:
+        await anyio.sleep(0.3)  # the monitor's first ticks
+        await client.post("/threaded")
+        assert find_gate(app).status()["findings"] == []
+        await client.post("/blocking")
+        await wait_until(lambda: find_gate(app).status()["findings"])
+        status = (await client.get("/gate/status")).json()
+        samples = parse((await client.get("/gate/metrics")).text)
+    found = status["findings"][0]
+    assert found["code"] == "blocking_call_in_async_route" and "POST /blocking" in found["message"]
+    assert "/threaded" not in found["message"]
+    assert samples[("adaptive_gate_findings_total", (("code", "blocking_call_in_async_route"),))] == 1
+    assert samples[("adaptive_gate_finding_active", (("code", "blocking_call_in_async_route"),))] == 1
+
+
+@pytest.mark.anyio
+async def test_the_gate_sees_other_processes_on_its_card(caplog: pytest.LogCaptureFixture) -> None:
+    class SharedCard:
+        def sample(self) -> MemorySample:
+            return MemorySample(4 * GiB, CARD, process_count=3)
+
+    caplog.set_level(logging.WARNING, logger="adaptive_gate")
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=SharedCard(), sample_period=0.01)
+    async with LifespanManager(app), client_for(app) as client:
+        await client.get("/gate/status")
+        await wait_until(lambda: find_gate(app).probe_state.last_sample is not None)
+        await anyio.sleep(0.1)  # several samples, one finding
+        status = (await client.get("/gate/status")).json()
+    assert [f["code"] for f in status["findings"]] == ["shared_gpu"]
+    assert status["memory"]["process_count"] == 3
+    assert len([r for r in caplog.records if "shared_gpu" in r.getMessage()]) == 1
