@@ -65,6 +65,9 @@ class Sampler(BackgroundLoop):
         on_error: Callable[[str], None],
     ) -> None:
         super().__init__()
+        # Set after each reading is tried, then replaced: see `next_reading`.
+        self._reading_done = anyio.Event()
+        self._without_probe = False
         self._probe_factory = probe_factory
         self._period_s = period_s
         self._timeout_s = timeout_s
@@ -72,11 +75,27 @@ class Sampler(BackgroundLoop):
         self._on_sample = on_sample
         self._on_error = on_error
 
+    async def next_reading(self, timeout_s: float) -> None:
+        """Wait until the next reading was tried (at most `timeout_s`). The gate's start-up waits
+        for one after the application's own start-up, so that the first reading is taken with the
+        model loaded and nothing in flight: the baseline is known before the first request."""
+        if self._without_probe or self._stopped:
+            return
+        with anyio.move_on_after(timeout_s):
+            await self._reading_done.wait()
+
+    def _reading_tried(self) -> None:
+        self._reading_done.set()
+        self._reading_done = anyio.Event()
+
     async def _body(self) -> None:
         limiter = anyio.CapacityLimiter(1)
         probe = await self._start_probe(limiter)
-        if probe is not None:
-            await self._loop(probe, limiter)
+        if probe is None:
+            self._without_probe = True
+            self._reading_tried()
+            return
+        await self._loop(probe, limiter)
 
     async def _start_probe(self, limiter: anyio.CapacityLimiter) -> Probe | None:
         try:
@@ -105,6 +124,7 @@ class Sampler(BackgroundLoop):
             else:
                 self._on_sample(sample)
                 delay_s = self._period_s
+            self._reading_tried()
             await anyio.sleep(delay_s)
 
 

@@ -51,6 +51,7 @@ MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has fini
 MONITOR_PERIOD_S = 0.1
 PROBE_BROKEN_AFTER_ERRORS = 3  # readiness fails after this many failed readings in a row
 HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
+FIRST_READING_WAIT_S = 2.0  # plus probe_timeout: how long start-up waits for the first reading
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -616,7 +617,8 @@ class AdaptiveGate:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._read_thread_pool()
         # A second lifespan in the same process (tests, reloads) starts fresh loops.
-        loops = [loop for loop in (self._make_sampler(), self._make_monitor()) if loop is not None]
+        sampler = self._make_sampler()
+        loops = [loop for loop in (sampler, self._make_monitor()) if loop is not None]
 
         async def receive_and_watch() -> Message:
             message = await receive()
@@ -625,12 +627,18 @@ class AdaptiveGate:
                     loop.stop()
             return message
 
+        async def send_when_measured(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete" and sampler is not None:
+                # The model is loaded and nothing runs yet: the reading to learn the baseline from.
+                await sampler.next_reading(FIRST_READING_WAIT_S + self.probe_timeout_s)
+            await send(message)
+
         error: Exception | None = None
         async with anyio.create_task_group() as task_group:
             for loop in loops:
                 task_group.start_soon(loop.run)
             try:
-                await self.app(scope, receive_and_watch, send)
+                await self.app(scope, receive_and_watch, send_when_measured)
             except Exception as exc:  # re-raised below, unwrapped by the task group
                 error = exc
             for loop in loops:

@@ -300,6 +300,24 @@ def test_growth_resumes_after_pressure_ends(steps: list[tuple[str, float, float,
         c.on_sample(now_s=later_s + i * 0.01, sample=MemorySample(0, TOTAL), in_flight=0)
     c.on_sample(now_s=later_s + 0.1, sample=MemorySample(TOTAL // 100, TOTAL), in_flight=1)
     start = c.limit
-    for i in range(2000):  # 200 s: long enough for any stale latency to be forgotten
-        c.on_success(now_s=later_s + 1 + i * 0.1, latency_s=0.1, concurrency=c.limit, demand=True)
+    for i in range(2000):  # 200 s: long enough for any stale latency or memory reading to be forgotten
+        now_s = later_s + 1 + i * 0.1
+        c.on_success(now_s=now_s, latency_s=0.1, concurrency=c.limit, demand=True)
+        if i % 5 == 0:  # and the sampler reads what the requests really take: 1% of the card each
+            c.on_sample(now_s=now_s, sample=MemorySample(c.limit * TOTAL // 100, TOTAL), in_flight=c.limit)
     assert c.limit > start or c.limit == c.max_limit
+
+
+def test_a_stale_huge_request_estimate_is_forgotten_when_readings_say_otherwise() -> None:
+    """Found by hypothesis: one reading of a full card with one request in flight made the model
+    believe a request takes the whole card, and every later reading (1% with one in flight) was
+    explained away as a moved baseline, so the limit stayed at 1 for good."""
+    c = AIMD()
+    bound(c, max_limit=64)
+    c.on_sample(now_s=0.0, sample=MemorySample(0, TOTAL), in_flight=0)
+    c.on_sample(now_s=0.1, sample=MemorySample(TOTAL, TOTAL), in_flight=1)
+    assert c.memory.cap() == 0
+    for i in range(200):  # 40 s of readings (relief half-life 5 s): one request holds 1% of the card
+        c.on_sample(now_s=1.0 + i * 0.2, sample=MemorySample(TOTAL // 100, TOTAL), in_flight=1)
+    cap = c.memory.cap()
+    assert cap is not None and cap > 50

@@ -14,8 +14,8 @@ from adaptive_gate import AdaptiveGate, Fixed, MemorySample
 from adaptive_gate.diagnostics import CODES, Diagnostics
 
 from .conftest import find_gate
-from .test_middleware import client_for, wait_until
 from .test_metrics import parse
+from .test_middleware import client_for, wait_until
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -207,7 +207,7 @@ async def test_the_gate_names_an_async_route_that_blocks_the_loop() -> None:
 
     @app.post("/blocking", tags=["gpu"])
     async def blocking() -> dict[str, bool]:
-        time.sleep(0.6)  # the mistake: a blocking GPU call inside async def
+        time.sleep(0.6)  # noqa: ASYNC251 - the mistake under test: a blocking GPU call inside async def
         return {"ok": True}
 
     @app.post("/threaded", tags=["gpu"])

@@ -7,6 +7,7 @@ the middleware on a SimulatedGPU.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -140,11 +141,18 @@ async def hammer(app: FastAPI, seconds: float, clients: int = 12) -> tuple[dict[
             limits.append(find_gate(app).limiter.limit)
             await anyio.sleep(0.05)
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t", timeout=30) as client:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            for _ in range(clients):
-                tg.start_soon(client_loop, client)
+    # Whatever earlier tests left on the heap (models, apps) must not pause these 30 ms requests
+    # for a full collection in the middle of a measurement: freeze it out of the collector's way.
+    gc.collect()
+    gc.freeze()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t", timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                for _ in range(clients):
+                    tg.start_soon(client_loop, client)
+    finally:
+        gc.unfreeze()
     return codes, statistics.median(limits)
 
 
@@ -160,7 +168,7 @@ async def test_real_time_classic_and_neighbour() -> None:
     async with LifespanManager(app):
         codes, limit = await hammer(app, 3.0)
         gate = find_gate(app)
-        assert 3 <= limit <= 5
+        assert 3 <= limit <= 5, (gate.limit_changes, gate.status()["controller"], codes)
         assert codes.get(200, 0) > 100 and set(codes) <= {200, 503}
         ooms_settled = gate.counters.ooms
         assert ooms_settled <= 6

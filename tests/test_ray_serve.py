@@ -1,0 +1,107 @@
+"""The gate inside Ray Serve: `examples/ray_serve/app.py` on a local Ray, on 127.0.0.1, as a subprocess.
+
+A gated route's 503 + Retry-After must come through Ray's HTTP proxy to the client unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .test_demo_service import free_port
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_serve" / "app.py"
+
+pytestmark = pytest.mark.slow
+
+
+def reap_session(session_id: int, timeout_s: float = 30.0) -> None:
+    """Ray's own processes (raylet, GCS, workers) live in the example's session: end them all and
+    wait until they are gone, so that no CPU is still taken by them when the next test starts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        members = [pid for pid in _pids() if _session_of(pid) == session_id]
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"processes of session {session_id} outlived the Ray example")
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[3])  # state, ppid, pgrp, session
+
+
+def test_a_gated_503_comes_through_ray_serve() -> None:
+    import ray  # noqa: F401
+
+    port = free_port()
+    env = {**os.environ, "GATE_MAX_LIMIT": "1", "GATE_MAX_QUEUE": "0", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, "the Ray Serve example exited during start-up"
+            assert time.monotonic() < deadline, "Ray Serve did not start in time"
+            time.sleep(0.5)
+        assert httpx.post(f"{url}/predict", json={"rows": 8}, timeout=60).status_code == 200
+
+        def post(_: int) -> httpx.Response:
+            return httpx.post(f"{url}/predict", json={"rows": 4096}, timeout=60)
+
+        with ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(post, range(8)))
+        status = httpx.get(f"{url}/gate/status", timeout=10).json()
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            output = ""
+        reap_session(process.pid)
+
+    codes = [response.status_code for response in responses]
+    assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+    for response in responses:
+        if response.status_code == 503:
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json()["reason"] == "queue_full"
+    # The gate in the replica counted what the client saw.
+    assert status["counters"]["rejected"] == codes.count(503)
+    assert status["counters"]["completed"] == codes.count(200) + 1
+    assert status["limit"] == 1 and status["in_flight"] == 0
+    assert "serving on" in output

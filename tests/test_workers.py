@@ -1,0 +1,92 @@
+"""Several workers on one GPU: the worker count in the status, and gates that share one card."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import anyio
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from adaptive_gate import AdaptiveGate
+from adaptive_gate._workers import detect_workers
+from adaptive_gate.testing import SimulatedGPU
+
+from .conftest import find_gate
+from .test_demo_service import free_port
+from .test_scenarios import CARD, GiB, classic_app, hammer
+
+WEIGHTS = 4 * GiB  # each worker loads its own copy of the model
+
+
+def test_the_worker_count_comes_from_the_option_then_web_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEB_CONCURRENCY", "4")
+    assert detect_workers(3) == (3, "workers option")
+    assert detect_workers(None) == (4, "WEB_CONCURRENCY")
+    monkeypatch.setenv("WEB_CONCURRENCY", "lots")
+    count, source = detect_workers(None)
+    assert count == 1 and source.startswith("assumed")  # pytest's parent is no server
+    gate = AdaptiveGate(FastAPI(), probe=None, workers=2)
+    assert gate.status()["workers"]["count"] == 2
+
+
+def test_uvicorn_workers_are_counted_by_each_worker() -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "tests.worker_app:app", "--workers", "2", "--port", str(port),
+         "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        pids = set()
+        while len(pids) < 2:
+            assert time.monotonic() < deadline, "did not reach both workers"
+            try:
+                status = httpx.get(f"http://127.0.0.1:{port}/gate/status", timeout=2).json()
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            assert status["workers"]["count"] == 2, status["workers"]
+            assert status["workers"]["source"] == "worker processes of the server"
+            pids.add(status["workers"]["pid"])
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_two_gates_on_one_card_stay_within_it_together() -> None:
+    """Two workers' gates, each seeing the whole card (as through NVML), learn to share it."""
+    gpu = SimulatedGPU(CARD, baseline_bytes=2 * WEIGHTS, knee=16)  # 16 GiB left: five 3 GiB requests
+    first, second = classic_app(gpu, [3 * GiB]), classic_app(gpu, [3 * GiB])
+    async with LifespanManager(first), LifespanManager(second):
+        async with anyio.create_task_group() as tg:  # learning, together
+            tg.start_soon(hammer, first, 4.0, 8)
+            tg.start_soon(hammer, second, 4.0, 8)
+        gates = find_gate(first), find_gate(second)
+        ooms_learning = gpu.oom_count
+        results: list[tuple[dict[int, int], float]] = []
+
+        async def settled(app: FastAPI) -> None:
+            results.append(await hammer(app, 4.0, 8))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(settled, first)
+            tg.start_soon(settled, second)
+    for codes, _ in results:
+        assert codes.get(200, 0) > 20 and set(codes) <= {200, 503}
+    together = sum(limit for _, limit in results)
+    assert 3 <= together <= 5  # five fit; each sees the other's requests as a neighbour, so a little less
+    assert gpu.oom_count - ooms_learning <= 2  # settled: OOMs are rare, not a way of life
+    assert ooms_learning <= 6
+    for gate in gates:
+        assert gate.limiter.in_flight == 0 and gate.status()["memory"] is not None
