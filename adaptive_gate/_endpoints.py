@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from ._routes import route_path
 from .status import render_json
 
 __all__ = ["ENDPOINTS", "Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
@@ -133,11 +132,9 @@ class Endpoints:
     def protected(self) -> frozenset[str]:
         return frozenset(self._protected)
 
-    def find(self, scope: Scope) -> str | None:
-        """Which of the gate's endpoints this request is for, if any."""
-        if not self._by_path:
-            return None
-        return self._by_path.get(route_path(scope))
+    def find(self, path: str) -> str | None:
+        """Which of the gate's endpoints a request to `path` (as the router sees it) is for, if any."""
+        return self._by_path.get(path)
 
     def _authorised(self, scope: Scope) -> bool | None:
         """True with the right token, False with a wrong one, None with none at all."""

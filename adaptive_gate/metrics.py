@@ -3,8 +3,9 @@
 Each gate has its own `CollectorRegistry`, so two gates in one process (two apps, tests) never
 collide; `GateMetrics.registry` is there to be merged into an application's own exposition.
 Gauges and counters are read from the status document when scraped, so a scrape and
-`/gate/status` never disagree; the two latency histograms are observed per request, since
-buckets cannot be rebuilt from a bounded sample.
+`/gate/status` never disagree. The two latency histograms are counted per request (buckets cannot
+be rebuilt from a bounded sample) as plain counts that prometheus-client renders at scrape time: an
+observation costs one bisect, where a client `Histogram` also takes a lock.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from .status import BucketCounts
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,11 +40,13 @@ def available() -> bool:
 class _StatusCollector:
     """A custom collector (prometheus-client's protocol: `collect()`) reading the status per scrape."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], metrics: GateMetrics) -> None:
         self._status = status
+        self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
         yield from _families(self._status())
+        yield from self._metrics.histograms()
 
 
 def _gauge(name: str, documentation: str, value: float) -> Metric:
@@ -150,7 +155,7 @@ def _memory_families(status: dict[str, Any]) -> Iterator[Metric]:
 
 
 class GateMetrics:
-    """One gate's registry: the latency histograms it observes and a collector for the rest."""
+    """One gate's registry, with a collector that reads the status and the gate's two histograms."""
 
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
         try:
@@ -158,20 +163,21 @@ class GateMetrics:
         except ImportError as exc:
             raise RuntimeError(MISSING) from exc
         self._generate_latest = prometheus_client.generate_latest
+        self.queue_wait_s = BucketCounts(QUEUE_WAIT_BUCKETS_S)
+        self.service_s = BucketCounts(SERVICE_BUCKETS_S)
         self.registry = prometheus_client.CollectorRegistry(auto_describe=False)
-        self.queue_wait_s = prometheus_client.Histogram(
-            "adaptive_gate_queue_wait_seconds",
-            "Time gated requests waited for a slot",
-            buckets=QUEUE_WAIT_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.service_s = prometheus_client.Histogram(
-            "adaptive_gate_service_seconds",
-            "Time from a slot's grant to the response's last byte, for successful requests",
-            buckets=SERVICE_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.registry.register(_StatusCollector(status))
+        self.registry.register(_StatusCollector(status, self))
 
     def render(self) -> bytes:
         return self._generate_latest(self.registry)
+
+    def histograms(self) -> Iterator[Metric]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        for name, documentation, counts in (
+            ("queue_wait_seconds", "Time gated requests waited for a slot", self.queue_wait_s),
+            ("service_seconds", "Time from a slot's grant to the response's last byte, successes only", self.service_s),
+        ):
+            yield HistogramMetricFamily(
+                f"adaptive_gate_{name}", documentation, buckets=counts.cumulative(), sum_value=counts.sum_s
+            )

@@ -217,12 +217,13 @@ class AdaptiveGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = self._endpoints.find(scope)
+        path = route_path(scope)
+        endpoint = self._endpoints.find(path)
         if endpoint is not None:
             await self._endpoints.handle(endpoint, self, scope, receive, send)
             return
         route = self._routes.match(scope)
-        if route is None or (self.health_paths and route_path(scope) in self.health_paths):
+        if route is None or path in self.health_paths:
             await self.app(scope, receive, send)
             return
         if self._monitor is None:
@@ -242,7 +243,8 @@ class AdaptiveGate:
         if self.metrics is not None:
             self.metrics.queue_wait_s.observe(waited_s)
         slot = _Slot(self, route, self.controller.epoch)
-        self._running[slot] = None
+        if route.is_async:  # only async routes can stall the loop: only they are watched
+            self._running[slot] = None
         response_started = False
 
         async def send_and_release(message: Message) -> None:
@@ -352,8 +354,9 @@ class AdaptiveGate:
         in_flight = self.limiter.in_flight
         busy_area = self.limiter.busy_area()
         self.limiter.release()
-        self._running.pop(slot, None)
-        self._finished.append((slot.route, slot.admitted_s, now_s))
+        if slot.route.is_async:
+            del self._running[slot]
+            self._finished.append((slot.route, slot.admitted_s, now_s))
         if not success:
             if slot.oom:
                 self.counters.admitted_ooms += 1
@@ -584,7 +587,8 @@ class AdaptiveGate:
             )
 
     def _routes_running_since(self, since_s: float) -> list[tuple[str, bool]]:
-        """Gated routes that ran at some point after `since_s`: the suspects of a stalled loop."""
+        """Gated async routes that ran at some point after `since_s`: the suspects of a stalled loop.
+        (Sync routes run in threads and cannot stall it; they are not tracked, to cost nothing.)"""
         routes = [(slot.route.label, slot.route.is_async) for slot in self._running]
         for route, _, released_s in reversed(self._finished):
             if released_s < since_s:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -13,6 +14,7 @@ from .limiter import LimiterStatistics
 from .memory import MemorySample
 
 __all__ = [
+    "BucketCounts",
     "Counters",
     "History",
     "LimitChange",
@@ -51,6 +53,28 @@ class Counters:
     def reject(self, reason: str) -> None:
         self.rejected += 1
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+
+
+class BucketCounts:
+    """A latency histogram as Prometheus defines one (`le` bounds, cumulative at exposition), kept
+    as plain counts: one bisect and one add per request, no lock (all on the event loop)."""
+
+    def __init__(self, bounds_s: tuple[float, ...]) -> None:
+        self.bounds_s = tuple(sorted(bounds_s))
+        self.counts = [0] * (len(self.bounds_s) + 1)  # the last one is +Inf
+        self.sum_s = 0.0
+
+    def observe(self, value_s: float) -> None:
+        self.counts[bisect_left(self.bounds_s, value_s)] += 1
+        self.sum_s += value_s
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """[(le, count of values <= le)], ending with +Inf, as the exposition format wants."""
+        total, buckets = 0, []
+        for bound, count in zip((*self.bounds_s, math.inf), self.counts, strict=True):
+            total += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), total))
+        return buckets
 
 
 class RecentValues:
