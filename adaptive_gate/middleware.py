@@ -32,6 +32,7 @@ from ._operator import OperatorBounds, parse_limits
 from ._routes import GatedRoute, RouteTable, normalise_tag, route_path
 from ._sampler import Monitor, Sampler
 from ._version import __version__
+from ._watch import Watch
 from ._workers import detect_workers
 from .control import AIMD, Controller
 from .diagnostics import Diagnostics
@@ -39,7 +40,7 @@ from .limiter import Limiter, QueueFull, QueueTimeout
 from .memory import MemorySample
 from .oom import is_oom
 from .probes import Probe, auto_probe, device_label
-from .status import Counters, History, LimitChange, ProbeState, RecentValues, status_document
+from .status import Counters, LimitChange, ProbeState, RecentValues, status_document
 
 __all__ = ["AdaptiveGate"]
 
@@ -187,14 +188,9 @@ class AdaptiveGate:
 
         self.operator: OperatorBounds | None = None
         self.diagnostics = diagnostics if diagnostics is not None else Diagnostics()
-        self.history = History()
-        self.oom_times: deque[float] = deque(maxlen=256)  # unix s, for the dashboard's marks
-        self._running: dict[_Slot, None] = {}
-        self._finished: deque[tuple[GatedRoute, float, float]] = deque(maxlen=256)
+        self.watch = Watch(self.diagnostics, period_s=MONITOR_PERIOD_S)
         self._monitor: Monitor | None = None
         self._monitor_task: asyncio.Task[None] | None = None
-        self._loop_lag_s = 0.0
-        self._last_second_s = -math.inf
         self.workers, self._workers_source = detect_workers(workers)
         self.metrics = _metrics.GateMetrics(self.status) if _metrics.available() else None
 
@@ -244,7 +240,7 @@ class AdaptiveGate:
             self.metrics.queue_wait_s.observe(waited_s)
         slot = _Slot(self, route, self.controller.epoch)
         if route.is_async:  # only async routes can stall the loop: only they are watched
-            self._running[slot] = None
+            self.watch.started(slot, route)
         response_started = False
 
         async def send_and_release(message: Message) -> None:
@@ -355,8 +351,7 @@ class AdaptiveGate:
         busy_area = self.limiter.busy_area()
         self.limiter.release()
         if slot.route.is_async:
-            del self._running[slot]
-            self._finished.append((slot.route, slot.admitted_s, now_s))
+            self.watch.ended(slot, now_s)
         if not success:
             if slot.oom:
                 self.counters.admitted_ooms += 1
@@ -378,7 +373,7 @@ class AdaptiveGate:
 
     def _record_oom(self, epoch: int) -> None:
         self.counters.ooms += 1
-        self.oom_times.append(time.time())
+        self.watch.oom()
         self._ooms_from_errors += 1
         self.controller.on_oom(now_s=time.monotonic(), epoch=epoch, in_flight=self.limiter.in_flight)
         self._apply_limit()
@@ -403,7 +398,7 @@ class AdaptiveGate:
         if unseen > 0:
             self._ooms_from_probe_counted += unseen
             self.counters.ooms += unseen
-            self.oom_times.append(time.time())
+            self.watch.oom()
             # Cut at most once for what happened since the previous sample.
             self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch
@@ -509,7 +504,7 @@ class AdaptiveGate:
                       "pinned": self.operator.pinned},
                 "ready": {"ready": ready, "reasons": not_ready},
                 "workers": {"count": self.workers, "source": self._workers_source, "pid": os.getpid()},
-                "loop_lag_s": round(self._loop_lag_s, 4),
+                "loop_lag_s": round(self.watch.loop_lag_s, 4),
                 "findings": self.diagnostics.findings(),
                 "finding_appearances": self.diagnostics.appearances(),
             },
@@ -523,8 +518,8 @@ class AdaptiveGate:
         return {
             "now_unix_s": round(time.time(), 3),
             "status": self.status(),
-            "history": self.history.columns(),
-            "oom_unix_s": [round(t, 3) for t in self.oom_times],
+            "history": self.watch.history.columns(),
+            "oom_unix_s": [round(t, 3) for t in self.watch.oom_unix_s],
         }
 
     def readiness(self) -> tuple[bool, list[str]]:
@@ -560,41 +555,16 @@ class AdaptiveGate:
         self._apply_limit("operator" if bounds is not None else "operator reset")
         return self.operator_limits()
 
-    # -- the clock: loop lag, history, diagnostics ----------------------------------------------
-
     def _on_tick(self, now_s: float, lag_s: float) -> None:
-        self._loop_lag_s = lag_s
-        if lag_s >= self.diagnostics.loop_stall_s:
-            self.diagnostics.on_loop_stall(now_s, lag_s, self._routes_running_since(now_s - lag_s - MONITOR_PERIOD_S))
-        sample = self.probe_state.last_sample
-        self.history.record(
-            time.time(),
-            limit=self.limiter.limit,
-            in_flight=self.limiter.in_flight,
-            queued=self.limiter.queued,
-            used_bytes=None if sample is None else sample.used_bytes,
-            total_bytes=None if sample is None else sample.total_bytes,
+        self.watch.tick(
+            now_s,
+            lag_s,
+            limiter=self.limiter.statistics(),
+            sample=self.probe_state.last_sample,
+            min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
+            max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
+            probe_errors_in_row=self.probe_state.consecutive_errors,
         )
-        if now_s - self._last_second_s >= 1.0:
-            self._last_second_s = now_s
-            self.diagnostics.on_tick(
-                now_s,
-                limit=self.limiter.limit,
-                min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
-                max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
-                queued=self.limiter.queued,
-                probe_errors_in_row=self.probe_state.consecutive_errors,
-            )
-
-    def _routes_running_since(self, since_s: float) -> list[tuple[str, bool]]:
-        """Gated async routes that ran at some point after `since_s`: the suspects of a stalled loop.
-        (Sync routes run in threads and cannot stall it; they are not tracked, to cost nothing.)"""
-        routes = [(slot.route.label, slot.route.is_async) for slot in self._running]
-        for route, _, released_s in reversed(self._finished):
-            if released_s < since_s:
-                break
-            routes.append((route.label, route.is_async))
-        return routes
 
     # -- the sampler's life ---------------------------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""What the gate watches on a clock rather than per request: the event loop's lag, the history the
+dashboard draws, and the diagnostics that judge states over time.
+
+The monitor calls `tick` ten times a second; requests only tell it when a gated `async def` route
+starts and ends (sync routes run in threads and cannot stall the loop, so they cost nothing here).
+When the loop wakes late, the async routes that ran meanwhile are the suspects.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+from ._routes import GatedRoute
+from .diagnostics import Diagnostics
+from .limiter import LimiterStatistics
+from .memory import MemorySample
+from .status import History
+
+__all__ = ["Watch"]
+
+
+class Watch:
+    def __init__(self, diagnostics: Diagnostics, *, period_s: float) -> None:
+        self.diagnostics = diagnostics
+        self.period_s = period_s
+        self.history = History()
+        self.oom_unix_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
+        self.loop_lag_s = 0.0
+        self._running: dict[object, GatedRoute] = {}
+        self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (route, released at)
+        self._last_second_s = -math.inf
+
+    def started(self, key: object, route: GatedRoute) -> None:
+        self._running[key] = route
+
+    def ended(self, key: object, now_s: float) -> None:
+        route = self._running.pop(key)
+        self._finished.append((route, now_s))
+
+    def oom(self) -> None:
+        self.oom_unix_s.append(time.time())
+
+    def tick(
+        self,
+        now_s: float,
+        lag_s: float,
+        *,
+        limiter: LimiterStatistics,
+        sample: MemorySample | None,
+        min_limit: int,
+        max_limit: int,
+        probe_errors_in_row: int,
+    ) -> None:
+        self.loop_lag_s = lag_s
+        if lag_s >= self.diagnostics.loop_stall_s:
+            self.diagnostics.on_loop_stall(now_s, lag_s, self._routes_since(now_s - lag_s - self.period_s))
+        self.history.record(
+            time.time(),
+            limit=limiter.limit,
+            in_flight=limiter.in_flight,
+            queued=limiter.queued,
+            used_bytes=None if sample is None else sample.used_bytes,
+            total_bytes=None if sample is None else sample.total_bytes,
+        )
+        if now_s - self._last_second_s >= 1.0:
+            self._last_second_s = now_s
+            self.diagnostics.on_tick(
+                now_s,
+                limit=limiter.limit,
+                min_limit=min_limit,
+                max_limit=max_limit,
+                queued=limiter.queued,
+                probe_errors_in_row=probe_errors_in_row,
+            )
+
+    def _routes_since(self, since_s: float) -> list[tuple[str, bool]]:
+        """Gated async routes that ran at some point after `since_s`: the suspects of a stall."""
+        routes = [(route.label, route.is_async) for route in self._running.values()]
+        for route, released_s in reversed(self._finished):
+            if released_s < since_s:
+                break
+            routes.append((route.label, route.is_async))
+        return routes
