@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Collection
 from importlib import resources
 from typing import Any, Protocol
 
@@ -113,7 +114,9 @@ def check_token(admin_token: object) -> str | None:
 
 
 class Endpoints:
-    def __init__(self, *, paths: dict[str, str | None], admin_token: str | None, unprotected: frozenset[str]) -> None:
+    def __init__(self, *, paths: dict[str, str | None], admin_token: str | None, unprotected: Collection[str]) -> None:
+        if isinstance(unprotected, str):
+            raise TypeError(f"unprotected must be a tuple of endpoint names such as ('metrics',), got {unprotected!r}")
         unknown = set(unprotected) - set(PROTECTABLE)
         if unknown:
             raise ValueError(f"unprotected may name {', '.join(PROTECTABLE)}; got {sorted(unknown)}")

@@ -152,7 +152,7 @@ class AdaptiveGate:
                 "limits": limits_path,
             },
             admin_token=check_token(admin_token),
-            unprotected=frozenset(unprotected),
+            unprotected=unprotected,
         )
         if isinstance(health_paths, str) or not all(isinstance(p, str) for p in health_paths):
             raise TypeError(f"health_paths must be a tuple of paths, got {health_paths!r}")

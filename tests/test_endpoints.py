@@ -84,6 +84,19 @@ def test_bad_endpoint_options_say_what_is_wrong(options: dict[str, Any], message
         AdaptiveGate(FastAPI(), probe=None, **options)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"admin_token": TOKEN, "unprotected": "metrics"}, "unprotected must be a tuple"),
+        ({"admin_token": 12345678901234567}, "admin_token must be a str"),
+        ({"health_paths": "/healthz"}, "health_paths must be a tuple"),
+    ],
+)
+def test_options_of_the_wrong_type_say_so(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(message)):
+        AdaptiveGate(FastAPI(), probe=None, **options)
+
+
 async def test_a_token_protects_status_metrics_and_dashboard_but_never_readiness() -> None:
     app, _ = gated_app(admin_token=TOKEN)
     async with client_for(app) as client:
