@@ -12,6 +12,7 @@ header; the token never travels in a URL, where access logs would keep it.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 from collections.abc import Collection
@@ -22,9 +23,8 @@ from starlette.types import Receive, Scope, Send
 
 from .status import render_json
 
-__all__ = ["ENDPOINTS", "Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
+__all__ = ["Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
 
-ENDPOINTS = ("status", "metrics", "dashboard", "ready", "limits")
 PROTECTABLE = ("status", "metrics", "dashboard")
 MAX_LIMITS_BODY_BYTES = 16 << 10
 MIN_TOKEN_CHARS = 16
@@ -83,6 +83,7 @@ async def send_json(
     await send_bytes(send, status, render_json(document), content_type=b"application/json", headers=headers, head=head)
 
 
+@functools.cache
 def _page(name: str) -> bytes:
     return resources.files("adaptive_gate").joinpath(name).read_bytes()
 

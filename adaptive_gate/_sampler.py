@@ -65,8 +65,11 @@ class Sampler(BackgroundLoop):
         on_error: Callable[[str], None],
     ) -> None:
         super().__init__()
-        # Set after each reading is tried, then replaced: see `next_reading`.
+        # Set after each reading is tried, then replaced; `_wake` cuts the wait before the next one.
         self._reading_done = anyio.Event()
+        self._wake = anyio.Event()
+        self._readings_started = 0
+        self._readings_done = 0
         self._without_probe = False
         self._probe_factory = probe_factory
         self._period_s = period_s
@@ -75,14 +78,17 @@ class Sampler(BackgroundLoop):
         self._on_sample = on_sample
         self._on_error = on_error
 
-    async def next_reading(self, timeout_s: float) -> None:
-        """Wait until the next reading was tried (at most `timeout_s`). The gate's start-up waits
-        for one after the application's own start-up, so that the first reading is taken with the
-        model loaded and nothing in flight: the baseline is known before the first request."""
+    async def fresh_reading(self, timeout_s: float) -> None:
+        """Take a reading now and wait until it was tried (at most `timeout_s`). The gate's start-up
+        asks for one after the application's own start-up, so that it is taken with the model
+        loaded and nothing in flight: the baseline is known before the first request."""
         if self._without_probe or self._stopped:
             return
+        wanted = self._readings_started + 1  # one that starts from now on, not one under way
+        self._wake.set()
         with anyio.move_on_after(timeout_s):
-            await self._reading_done.wait()
+            while self._readings_done < wanted and not self._without_probe:
+                await self._reading_done.wait()
 
     def _reading_tried(self) -> None:
         self._reading_done.set()
@@ -110,6 +116,7 @@ class Sampler(BackgroundLoop):
     async def _loop(self, probe: Probe, limiter: anyio.CapacityLimiter) -> None:
         delay_s = self._period_s
         while True:
+            self._readings_started += 1
             try:
                 with anyio.fail_after(self._timeout_s):
                     sample = await anyio.to_thread.run_sync(probe.sample, limiter=limiter, abandon_on_cancel=True)
@@ -124,8 +131,11 @@ class Sampler(BackgroundLoop):
             else:
                 self._on_sample(sample)
                 delay_s = self._period_s
+            self._readings_done = self._readings_started
             self._reading_tried()
-            await anyio.sleep(delay_s)
+            with anyio.move_on_after(delay_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()
 
 
 class Monitor(BackgroundLoop):

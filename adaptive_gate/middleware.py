@@ -604,7 +604,7 @@ class AdaptiveGate:
         async def send_when_measured(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete" and sampler is not None:
                 # The model is loaded and nothing runs yet: the reading to learn the baseline from.
-                await sampler.next_reading(FIRST_READING_WAIT_S + self.probe_timeout_s)
+                await sampler.fresh_reading(FIRST_READING_WAIT_S + self.probe_timeout_s)
             await send(message)
 
         error: Exception | None = None

@@ -131,3 +131,39 @@ async def test_a_second_lifespan_samples_again() -> None:
     async with LifespanManager(app):
         await wait_until(lambda: probe.calls > calls + 1)
         assert find_gate(app)._sampler.running  # type: ignore[union-attr]
+
+
+async def test_the_first_reading_is_taken_after_the_apps_start_up_and_before_traffic() -> None:
+    from contextlib import asynccontextmanager
+
+    from adaptive_gate.testing import SimulatedGPU
+
+    gpu = SimulatedGPU(24 * GiB)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        await anyio.sleep(0.3)  # the sampler has read the empty card by now
+        weights = gpu.allocate(8 * GiB).__enter__()  # the model loads during the app's own start-up
+        yield
+        weights.release()
+
+    app = FastAPI(lifespan=lifespan)
+    app.add_middleware(AdaptiveGate, probe=gpu, sample_period=30.0)  # no scheduled reading for 30 s
+    async with LifespanManager(app):
+        gate = find_gate(app)
+        # Start-up is complete, nothing has been asked yet: the reading with the weights is in.
+        assert gate.probe_state.last_sample is not None
+        assert gate.probe_state.last_sample.used_bytes == 8 * GiB
+        model = gate.controller.describe()["memory_model"]
+        assert model is None or model["baseline_bytes"] == 8 * GiB
+
+
+async def test_a_hanging_probe_delays_start_up_only_by_its_timeout() -> None:
+    probe = Probe("hang")
+    app = app_with(probe)
+    try:
+        with anyio.fail_after(30):  # start-up completes (it waits at most probe_timeout + 2 s)
+            async with LifespanManager(app, startup_timeout=30):
+                assert find_gate(app).probe_state.last_sample is None
+    finally:
+        probe.release.set()
