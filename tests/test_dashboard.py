@@ -13,14 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .test_demo_service import free_port, image_bytes
+from .test_demo_service import free_port, image_bytes, wait_until_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "dashboard-test-token-0123456789"
@@ -52,16 +51,7 @@ def demo_url(tmp_path: Path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, "the demo service exited during start-up"
-            assert time.monotonic() < deadline, "the demo service did not start in time"
-            time.sleep(0.2)
+        wait_until_healthy(url, process, "the demo service")
         yield url
     finally:
         process.send_signal(signal.SIGINT)

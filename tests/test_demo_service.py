@@ -189,6 +189,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until_healthy(
+    url: str, process: subprocess.Popen[str] | subprocess.Popen[bytes], what: str, timeout_s: float = 120
+) -> None:
+    """Poll `{url}/healthz` until it answers 200; fail at once if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, f"{what} exited during start-up"
+        assert time.monotonic() < deadline, f"{what} did not start within {timeout_s} s"
+        time.sleep(0.2)
+
+
 def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
     port = free_port()
     process = subprocess.Popen(
@@ -200,16 +216,7 @@ def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, "the demo service exited during start-up"
-            assert time.monotonic() < deadline, "the demo service did not start in time"
-            time.sleep(0.2)
+        wait_until_healthy(url, process, "the demo service")
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=url, timeout=120) as http:

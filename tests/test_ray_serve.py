@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .test_demo_service import free_port
+from .test_demo_service import free_port, wait_until_healthy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_serve" / "app.py"
 
@@ -69,16 +69,7 @@ def test_a_gated_503_comes_through_ray_serve(tmp_path: Path) -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, "the Ray Serve example exited during start-up"
-            assert time.monotonic() < deadline, "Ray Serve did not start in time"
-            time.sleep(0.5)
+        wait_until_healthy(url, process, "the Ray Serve example", timeout_s=180)
         assert httpx.post(f"{url}/predict", json={"rows": 8}, timeout=60).status_code == 200
 
         def post(_: int) -> httpx.Response:
