@@ -32,6 +32,9 @@ class OperatorBounds:
     def clamp(self, limit: int) -> int:
         return max(self.min_limit, min(self.max_limit, limit))
 
+    def describe(self) -> dict[str, int | bool]:
+        return {"min_limit": self.min_limit, "max_limit": self.max_limit, "pinned": self.pinned}
+
 
 def _limit(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -126,9 +126,6 @@ class RouteTable:
         self._size = -1
         self._nodes: list[_Node] = []
 
-    def is_gated(self, scope: Scope) -> bool:
-        return self.match(scope) is not None
-
     def match(self, scope: Scope) -> GatedRoute | None:
         """The gated route this request goes to, or None when it is not gated."""
         if self._tag is None:

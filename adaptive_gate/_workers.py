@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["detect_workers"]
+__all__ = ["detect_workers", "proc_stat_fields"]
 
 SERVERS = ("uvicorn", "gunicorn", "hypercorn")
 
@@ -23,14 +23,19 @@ def _cmdline(pid: int | str) -> str:
         return ""
 
 
-def _parent_pid(pid: str) -> int | None:
+def proc_stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name is in parentheses and may hold spaces: the fields after it are safe to split.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def _parent_pid(pid: str) -> int | None:
+    fields = proc_stat_fields(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
 
 
 def _server_workers() -> int | None:

@@ -206,11 +206,13 @@ class MemoryModel:
         # (`moved_baseline`). Believe the one that allows fewer requests.
         moved_baseline = used - self._per_request * in_flight
         room_bytes = self.target_utilisation * total_bytes
-        if moved_baseline < 0 < share:
-            # No baseline explains it (it would be below zero): the requests are smaller than
-            # believed, or some have not allocated yet. Either way this is relief, taken slowly.
-            self._add_share(share, in_flight, elapsed_s)
-        elif share > 0 and (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request:
+        # Where no baseline explains it (it would be below zero), the requests are smaller than
+        # believed, or some have not allocated yet: relief either way, taken slowly by `_add_share`.
+        impossible_baseline = moved_baseline < 0
+        if share > 0 and (
+            impossible_baseline
+            or (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request
+        ):
             self._add_share(share, in_flight, elapsed_s)
         else:
             self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s, fast=False))

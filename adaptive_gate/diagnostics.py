@@ -134,15 +134,11 @@ class Diagnostics:
         self._idle: deque[tuple[float, int]] = deque()
         self._fragmented_since_s: float | None = None
         self._stuck_since_s: float | None = None
-        self.worst_loop_stall_s = 0.0
-        self.last_loop_stall_s = 0.0
 
     # -- what the gate reports ------------------------------------------------------------------
 
     def on_loop_stall(self, now_s: float, stall_s: float, routes: Iterable[tuple[str, bool]]) -> None:
         """The event loop woke `stall_s` late; `routes` ran meanwhile: (label, is an async def)."""
-        self.last_loop_stall_s = stall_s
-        self.worst_loop_stall_s = max(self.worst_loop_stall_s, stall_s)
         if stall_s < self.loop_stall_s:
             return
         async_routes = sorted({label for label, is_async in routes if is_async})
@@ -309,17 +305,16 @@ class Diagnostics:
     def _raise(self, now_s: float, code: str, message: str, advice: str) -> None:
         wall_s = self._wall_clock()
         finding = self._findings.get(code)
+        appeared = finding is None or not finding.active
         if finding is None:
             finding = self._findings[code] = Finding(code, message, advice, wall_s, wall_s, _last_seen_s=now_s)
-        elif not finding.active:
+        elif appeared:
             finding.active = True
             finding.appearances += 1
-        else:
-            finding.message, finding.advice = message, advice
-            finding.last_seen_unix_s, finding._last_seen_s = wall_s, now_s
-            return
         finding.message, finding.advice = message, advice
         finding.last_seen_unix_s, finding._last_seen_s = wall_s, now_s
+        if not appeared:
+            return  # still the same finding: said once already
         logger.warning(
             "adaptive_gate finding %s: %s. Advice: %s",
             code,

@@ -28,7 +28,6 @@ QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 BOUNDS = ("controller", "memory_cap", "max_limit", "operator")
-OUTCOMES = ("completed", "failed", "oom", "rejected", "left_queue")
 REJECT_REASONS = ("queue_full", "deadline", "oom")
 
 

@@ -142,7 +142,6 @@ class AdaptiveGate:
         self.max_retry_after_s = _check_int("max_retry_after", max_retry_after, 1)
         self.sample_period_s = _check_seconds("sample_period", sample_period, allow_zero=False)
         self.probe_timeout_s = _check_seconds("probe_timeout", probe_timeout, allow_zero=False)
-        self.status_path = status_path
         self._endpoints = Endpoints(
             paths={
                 "status": status_path,
@@ -159,7 +158,6 @@ class AdaptiveGate:
         self.health_paths = frozenset(health_paths)
         if workers is not None:
             _check_int("workers", workers, 1)
-        self._workers_option = workers
         self._probe_option = self._check_probe(probe)
 
         if controller is None:
@@ -372,8 +370,7 @@ class AdaptiveGate:
         self._apply_limit()
 
     def _record_oom(self, epoch: int) -> None:
-        self.counters.ooms += 1
-        self.watch.oom()
+        self._count_ooms(1)
         self._ooms_from_errors += 1
         self.controller.on_oom(now_s=time.monotonic(), epoch=epoch, in_flight=self.limiter.in_flight)
         self._apply_limit()
@@ -397,11 +394,14 @@ class AdaptiveGate:
         unseen = sample.oom_count - self._probe_oom_start - self._ooms_from_errors - self._ooms_from_probe_counted
         if unseen > 0:
             self._ooms_from_probe_counted += unseen
-            self.counters.ooms += unseen
-            self.watch.oom()
+            self._count_ooms(unseen)
             # Cut at most once for what happened since the previous sample.
             self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch
+
+    def _count_ooms(self, ooms: int) -> None:
+        self.counters.ooms += ooms
+        self.watch.oom()
 
     def _on_probe_error(self, message: str) -> None:
         self.probe_state.errors += 1
@@ -470,10 +470,11 @@ class AdaptiveGate:
         bound = controller.get("bound", "controller")
         if self.operator is not None and self.operator.clamp(self.controller.limit) != self.controller.limit:
             bound = "operator"
+        min_limit, max_limit = self._bounds()
         return status_document(
             limiter=self.limiter.statistics(),
-            min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
-            max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
+            min_limit=min_limit,
+            max_limit=max_limit,
             counters=self.counters,
             queue_wait_s=self.queue_wait_s,
             service_s=self.service_s,
@@ -498,10 +499,7 @@ class AdaptiveGate:
             extra={
                 "version": __version__,
                 "bound": bound,
-                "operator": None
-                if self.operator is None
-                else {"min_limit": self.operator.min_limit, "max_limit": self.operator.max_limit,
-                      "pinned": self.operator.pinned},
+                "operator": None if self.operator is None else self.operator.describe(),
                 "ready": {"ready": ready, "reasons": not_ready},
                 "workers": {"count": self.workers, "source": self._workers_source, "pid": os.getpid()},
                 "loop_lag_s": round(self.watch.loop_lag_s, 4),
@@ -535,12 +533,15 @@ class AdaptiveGate:
         return {
             "limit": self.limiter.limit,
             "controller_limit": self.controller.limit,
-            "operator": None
-            if self.operator is None
-            else {"min_limit": self.operator.min_limit, "max_limit": self.operator.max_limit,
-                  "pinned": self.operator.pinned},
+            "operator": None if self.operator is None else self.operator.describe(),
             "configured": {"min_limit": self.min_limit, "max_limit": self.max_limit},
-        }  # fmt: skip
+        }
+
+    def _bounds(self) -> tuple[int, int]:
+        """The bounds in force: the operator's where set, else the configured ones."""
+        if self.operator is None:
+            return self.min_limit, self.max_limit
+        return self.operator.min_limit, self.operator.max_limit
 
     def set_operator_limits(self, body: object) -> dict[str, Any]:
         """Pin or bound the limit at run time (`PUT limits_path`); LimitsError leaves all as it was."""
@@ -556,13 +557,14 @@ class AdaptiveGate:
         return self.operator_limits()
 
     def _on_tick(self, now_s: float, lag_s: float) -> None:
+        min_limit, max_limit = self._bounds()
         self.watch.tick(
             now_s,
             lag_s,
             limiter=self.limiter.statistics(),
             sample=self.probe_state.last_sample,
-            min_limit=self.min_limit if self.operator is None else self.operator.min_limit,
-            max_limit=self.max_limit if self.operator is None else self.operator.max_limit,
+            min_limit=min_limit,
+            max_limit=max_limit,
             probe_errors_in_row=self.probe_state.consecutive_errors,
         )
 
@@ -627,7 +629,7 @@ class AdaptiveGate:
     def _start_background_without_lifespan(self) -> None:
         """No lifespan ran (httpx ASGITransport, some servers): start the loops at the first request."""
         if not _on_asyncio():
-            self._monitor = Monitor(period_s=MONITOR_PERIOD_S, on_tick=self._on_tick)  # never run: not asyncio
+            self._make_monitor()  # never run (not asyncio), so that this is tried once only
             self.probe_state.description = "probe: not sampled, no lifespan ran and the loop is not asyncio"
             return
         self._read_thread_pool()

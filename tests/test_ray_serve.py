@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adaptive_gate._workers import proc_stat_fields
+
 from .test_demo_service import free_port, wait_until_healthy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_serve" / "app.py"
@@ -45,12 +47,8 @@ def _pids() -> list[int]:
 
 
 def _session_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[3])  # state, ppid, pgrp, session
+    fields = proc_stat_fields(pid)
+    return None if fields is None else int(fields[3])  # state, ppid, pgrp, session
 
 
 def test_a_gated_503_comes_through_ray_serve(tmp_path: Path) -> None:
