@@ -437,7 +437,9 @@ async def test_probe_failure_never_takes_the_service_down() -> None:
     app, held = gated_app(probe=probe, sample_period=0.01)
     held.go.set()
     async with LifespanManager(app) as manager, client_for(manager.app) as client:
-        await wait_until(lambda: probe.calls >= 2)
+        # The third call starts only after the second one's error was recorded (the sampler reads
+        # one at a time); `calls >= 2` raced with the second error still on its way from the thread.
+        await wait_until(lambda: probe.calls >= 3)
         assert (await client.post("/work")).status_code == 200
         status = (await client.get("/gate/status")).json()
     assert status["probe"]["healthy"] is False and "NVML_ERROR_UNKNOWN" in status["probe"]["last_error"]
