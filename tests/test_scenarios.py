@@ -8,6 +8,7 @@ the middleware on a SimulatedGPU.
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import threading
 import time
@@ -85,6 +86,25 @@ def test_a_card_on_which_only_one_fits() -> None:
     assert result.ooms <= 6  # probing a known-bad limit is held off, with a growing hold
 
 
+def small_and_large(rng: random.Random) -> int:
+    return 6 * GiB if rng.random() < 0.25 else 3 * GiB // 2
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_mix_of_sizes_is_learned(seed: int) -> None:
+    """A quarter of requests take 6 GiB, the rest 1.5: the mean fits four, but three large ones at
+    once run out of memory. The model must learn the weights and the mean, not a steep line through
+    a low baseline (a third of the weights, twice the mean, a cap of 2, before the fix)."""
+    controller = AIMD()
+    result = run([Phase(0, 40, small_and_large, 0.1)], controller=controller, seed=seed)
+    est = controller.memory.estimate()
+    assert est is not None
+    assert 7.5 * GiB <= est.baseline_bytes <= 8.1 * GiB and 2.3 * GiB <= est.per_request_bytes <= 3.2 * GiB
+    assert 1.0 * GiB <= est.spread_bytes <= 2.7 * GiB and controller.memory.cap() in (3, 4, 5)
+    assert result.ooms_between(60, 240) <= 0.02 * result.completed
+    assert statistics.median(result.limits_between(60, 240)) >= 2
+
+
 def test_latency_knee_without_memory_pressure() -> None:
     result = simulate(
         [Phase(0, 200, 1 * GiB, 0.05)], total_bytes=80 * GiB, baseline_bytes=WEIGHTS, duration_s=120, knee=4
@@ -105,8 +125,11 @@ def test_replays_are_deterministic() -> None:
 
 def classic_app(gpu: SimulatedGPU, request_bytes: list[int]) -> FastAPI:
     # Requests last 30 ms instead of 100: the controller's clocks are compressed to match, so that
-    # seconds of real time show what minutes show in production.
-    controller = AIMD(memory_halflife_s=1.0, oom_hold_s=6.0, knee_memory_s=5.0)
+    # seconds of real time show what minutes show in production. No latency brake: the clients, the
+    # server and this "GPU" share the test machine's cores, and on a busy machine more concurrency
+    # rightly buys nothing, so the brake would stop growth there (seen in CI). These tests are about
+    # memory; the brake is tested on virtual time.
+    controller = AIMD(memory_halflife_s=1.0, oom_hold_s=6.0, knee_gain=0.0)
     app = FastAPI()
     app.add_middleware(
         AdaptiveGate, probe=gpu, controller=controller, sample_period=0.01, queue_timeout=10, max_queue=256
