@@ -145,10 +145,13 @@ class MemoryModel:
       (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
       throughput.
 
-    Requests of different sizes (a mixed workload) are described by a mean and an upward spread
-    (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
-    spread` under target, the sum of n such requests: cautious with the large ones, without planning
-    for the worst of all at once.
+    Requests of different sizes (a mixed workload) are described by a mean and a spread, the
+    spread read from how recent samples at the same in-flight scatter. A sample within three
+    spreads of what the model expects is one draw of the mix, not a change, and moves the mean both
+    ways alike; only a sample beyond it is read as a change in the two ways above. (Read as changes,
+    the large draws ratcheted the mean up and the small ones the baseline down.) The cap keeps
+    `baseline + n * mean + spread_z * sqrt(n) * spread` under target, the sum of n such requests:
+    cautious with the large ones, without planning for the worst of all at once.
     """
 
     def __init__(
