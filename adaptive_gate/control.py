@@ -20,7 +20,6 @@ never as the overload signal: on a GPU, latency is often flat until the memory r
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -145,13 +144,10 @@ class MemoryModel:
       (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
       throughput.
 
-    Requests of different sizes (a mixed workload) are described by a mean and a spread, the
-    spread read from how recent samples at the same in-flight scatter. A sample within three
-    spreads of what the model expects is one draw of the mix, not a change, and moves the mean both
-    ways alike; only a sample beyond it is read as a change in the two ways above. (Read as changes,
-    the large draws ratcheted the mean up and the small ones the baseline down.) The cap keeps
-    `baseline + n * mean + spread_z * sqrt(n) * spread` under target, the sum of n such requests:
-    cautious with the large ones, without planning for the worst of all at once.
+    Requests of different sizes (a mixed workload) are described by a mean and an upward spread
+    (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
+    spread` under target, the sum of n such requests: cautious with the large ones, without planning
+    for the worst of all at once.
     """
 
     def __init__(
@@ -206,19 +202,6 @@ class MemoryModel:
             if share >= self._min_request_fraction * total_bytes:
                 self._per_request = share
             return
-        scatter_sq = self._scatter_sq()
-        if scatter_sq is not None:
-            self._spread_sq = scatter_sq  # what the recent window shows, an average already
-            deviation = used - self._baseline - self._per_request * in_flight
-            if deviation * deviation <= 9 * in_flight * scatter_sq:
-                # Within the usual scatter of a mix of sizes: one draw of the mix, not a change of
-                # the requests or the baseline. Taken both ways alike; as a change, the large draws
-                # would ratchet the mean up and the small ones the baseline down.
-                self._per_request = max(
-                    self._min_request_fraction * total_bytes,
-                    self._smooth(self._per_request, share, elapsed_s, fast=False),
-                )
-                return
         # Two readings explain this sample: the requests changed (`share`), or the baseline did
         # (`moved_baseline`). Believe the one that allows fewer requests.
         moved_baseline = used - self._per_request * in_flight
@@ -230,13 +213,12 @@ class MemoryModel:
             impossible_baseline
             or (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request
         ):
-            self._add_share(share, in_flight, elapsed_s, learn_spread=scatter_sq is None)
+            self._add_share(share, in_flight, elapsed_s)
         else:
             self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s, fast=False))
 
-    def _add_share(self, share: float, in_flight: int, elapsed_s: float, *, learn_spread: bool) -> None:
-        """One sample of the mean bytes of `in_flight` requests: update their mean, and their spread
-        while the recent window does not show it yet."""
+    def _add_share(self, share: float, in_flight: int, elapsed_s: float) -> None:
+        """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""
         assert self._per_request is not None
         deviation = share - self._per_request
         # A mean of n requests strays by about spread / sqrt(n): more than twice that is a shift.
@@ -245,7 +227,7 @@ class MemoryModel:
             self._min_request_fraction * self._total_bytes,
             self._smooth(self._per_request, share, elapsed_s, fast=shifted_up),
         )
-        if not learn_spread or shifted_up or deviation <= 0:
+        if shifted_up or deviation <= 0:
             # A change of level is no spread; nor is a reading below the mean, which is as often a
             # request admitted but not yet allocated as a small one. Only the large ones count.
             return
@@ -280,28 +262,6 @@ class MemoryModel:
         self._per_request = slope
         self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread
         return True
-
-    def _scatter_sq(self) -> float | None:
-        """One request's variance in bytes, from how recent samples at the same in-flight scatter.
-
-        n requests drawn from one mix scatter by n times one request's variance, whatever their
-        mean and the baseline are, so this needs neither. The newest sample is left out: it is the
-        one being judged. None until enough samples are seen at levels that repeat.
-        """
-        by_level: dict[int, list[float]] = {}
-        for in_flight, used in itertools.islice(self._recent, len(self._recent) - 1):
-            if in_flight > 0:
-                by_level.setdefault(in_flight, []).append(used)
-        squares, degrees = 0.0, 0
-        for in_flight, used_at_level in by_level.items():
-            if len(used_at_level) < 2:
-                continue
-            mean = sum(used_at_level) / len(used_at_level)
-            squares += sum((used - mean) ** 2 for used in used_at_level) / in_flight
-            degrees += len(used_at_level) - 1
-        if degrees < 8:
-            return None
-        return squares / degrees
 
     def estimate(self) -> MemoryEstimate | None:
         if self._per_request is None or self._baseline is None:

@@ -321,22 +321,3 @@ def test_a_stale_huge_request_estimate_is_forgotten_when_readings_say_otherwise(
         c.on_sample(now_s=1.0 + i * 0.2, sample=MemorySample(TOTAL // 100, TOTAL), in_flight=1)
     cap = c.memory.cap()
     assert cap is not None and cap > 50
-
-
-def test_a_mix_of_sizes_at_one_level_leaves_baseline_and_mean_where_they_are() -> None:
-    """A quarter of the requests take 6 GiB, the rest 1.5 GiB (mean 2.625, spread 1.95), two at a
-    time for two minutes. Read as changes, the large draws ratcheted the mean up and the small ones
-    the baseline down (it ended at a third of the weights, a request at twice its size)."""
-    import random
-
-    rng = random.Random(5)
-    model = MemoryModel()
-    model.add(0.0, 0, 8 * GiB, TOTAL)
-    for i in range(1, 1200):
-        used = 8 * GiB + sum(6 * GiB if rng.random() < 0.25 else 3 * GiB // 2 for _ in range(2))
-        model.add(i * 0.1, 2, used, TOTAL)
-    est = model.estimate()
-    assert est is not None
-    assert 7.5 * GiB <= est.baseline_bytes <= 8.1 * GiB
-    assert 2.2 * GiB <= est.per_request_bytes <= 3.1 * GiB
-    assert 1.2 * GiB <= est.spread_bytes <= 2.7 * GiB
