@@ -107,7 +107,7 @@ def classic_app(gpu: SimulatedGPU, request_bytes: list[int]) -> FastAPI:
     # Requests last 30 ms instead of 100: the controller's clocks are compressed to match, so that
     # seconds of real time show what minutes show in production. No latency brake: the clients, the
     # server and this "GPU" share the test machine's cores, and on a busy machine more concurrency
-    # rightly buys nothing, so the brake would stop growth there (seen in CI). These tests are about
+    # rightly buys nothing, so the brake would stop growth there (seen under load). These tests are about
     # memory; the brake is tested on virtual time.
     controller = AIMD(memory_halflife_s=1.0, oom_hold_s=6.0, knee_gain=0.0)
     app = FastAPI()
