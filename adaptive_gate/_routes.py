@@ -100,8 +100,8 @@ def route_path(scope: Scope) -> str:
     return rest if rest.startswith("/") or not rest else path
 
 
-def _gated(nodes: list[_Node], scope: Scope) -> GatedRoute | None:
-    path = route_path(scope)
+def _gated(nodes: list[_Node], scope: Scope, path: str) -> GatedRoute | None:
+    """`path`: `route_path(scope)`, which the caller has already worked out."""
     method = scope["method"]
     for node in nodes:
         if node.regex is not None:
@@ -113,7 +113,8 @@ def _gated(nodes: list[_Node], scope: Scope) -> GatedRoute | None:
             continue
         if node.children is None:
             return node.gated_route if node.gated else None
-        return _gated(node.children, {**scope, **child_scope})
+        inner = {**scope, **child_scope}
+        return _gated(node.children, inner, route_path(inner))
     return None
 
 
@@ -126,8 +127,8 @@ class RouteTable:
         self._size = -1
         self._nodes: list[_Node] = []
 
-    def match(self, scope: Scope) -> GatedRoute | None:
-        """The gated route this request goes to, or None when it is not gated."""
+    def match(self, scope: Scope, path: str) -> GatedRoute | None:
+        """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""
         if self._tag is None:
             return EVERY_REQUEST
         app = scope.get("app")
@@ -137,7 +138,7 @@ class RouteTable:
         if app is not self._app or len(routes) != self._size:
             self._nodes = _build(routes, self._tag)
             self._app, self._size = app, len(routes)
-        return _gated(self._nodes, scope)
+        return _gated(self._nodes, scope, path)
 
 
 # With `tag=None` every request is gated, and which endpoint serves it is not looked up.

@@ -216,7 +216,7 @@ class AdaptiveGate:
         if endpoint is not None:
             await self._endpoints.handle(endpoint, self, scope, receive, send)
             return
-        route = self._routes.match(scope)
+        route = self._routes.match(scope, path)
         if route is None or path in self.health_paths:
             await self.app(scope, receive, send)
             return
