@@ -9,11 +9,13 @@ then, on Linux, the children of a uvicorn/gunicorn/hypercorn parent process.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
-__all__ = ["detect_workers", "proc_stat_fields"]
+__all__ = ["WorkerCount", "detect_workers", "proc_stat_fields"]
 
 SERVERS = ("uvicorn", "gunicorn", "hypercorn")
+RECOUNT_AFTER_S = 30.0
 
 
 def _cmdline(pid: int | str) -> str:
@@ -67,3 +69,24 @@ def detect_workers(option: int | None) -> tuple[int, str]:
     if counted is not None:
         return counted, "worker processes of the server"
     return 1, "assumed: set WEB_CONCURRENCY or the workers option if several workers serve this app"
+
+
+class WorkerCount:
+    """The count, worked out when the status asks and again at most every `RECOUNT_AFTER_S`.
+
+    Not when the gate is built: a gunicorn `--preload` builds the app in the master before any
+    worker exists, a server may still be starting its workers then, and a server that restarts
+    a worker changes the set later. Reading /proc is also work that start-up does not need.
+    """
+
+    def __init__(self, option: int | None) -> None:
+        self._option = option
+        self._counted: tuple[int, str] | None = None
+        self._counted_s = -float("inf")
+
+    def get(self) -> tuple[int, str]:
+        """(count, where it came from)."""
+        now_s = time.monotonic()
+        if self._counted is None or now_s - self._counted_s >= RECOUNT_AFTER_S:
+            self._counted, self._counted_s = detect_workers(self._option), now_s
+        return self._counted

@@ -33,7 +33,7 @@ from ._routes import GatedRoute, RouteTable, normalise_tag, route_path
 from ._sampler import Monitor, Sampler
 from ._version import __version__
 from ._watch import Watch
-from ._workers import detect_workers
+from ._workers import WorkerCount
 from .control import AIMD, Controller
 from .diagnostics import Diagnostics
 from .limiter import Limiter, QueueFull, QueueTimeout
@@ -189,7 +189,7 @@ class AdaptiveGate:
         self.watch = Watch(self.diagnostics, period_s=MONITOR_PERIOD_S)
         self._monitor: Monitor | None = None
         self._monitor_task: asyncio.Task[None] | None = None
-        self.workers, self._workers_source = detect_workers(workers)
+        self._workers = WorkerCount(workers)
         self.metrics = _metrics.GateMetrics(self.status) if _metrics.available() else None
 
     @staticmethod
@@ -471,6 +471,7 @@ class AdaptiveGate:
         if self.operator is not None and self.operator.clamp(self.controller.limit) != self.controller.limit:
             bound = "operator"
         min_limit, max_limit = self._bounds()
+        workers, workers_source = self._workers.get()
         return status_document(
             limiter=self.limiter.statistics(),
             min_limit=min_limit,
@@ -501,7 +502,7 @@ class AdaptiveGate:
                 "bound": bound,
                 "operator": None if self.operator is None else self.operator.describe(),
                 "ready": {"ready": ready, "reasons": not_ready},
-                "workers": {"count": self.workers, "source": self._workers_source, "pid": os.getpid()},
+                "workers": {"count": workers, "source": workers_source, "pid": os.getpid()},
                 "loop_lag_s": round(self.watch.loop_lag_s, 4),
                 "findings": self.diagnostics.findings(),
                 "finding_appearances": self.diagnostics.appearances(),
