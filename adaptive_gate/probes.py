@@ -112,6 +112,10 @@ class NvmlProbe:
                 self._process_count = None
         return self._process_count
 
+    @property
+    def device_label(self) -> str:
+        return self.uuid
+
     def __repr__(self) -> str:
         return f"NvmlProbe({self.name!r}, uuid={self.uuid!r})"
 
@@ -153,6 +157,10 @@ class TorchCudaProbe:
             reserved_bytes=reserved,
         )
 
+    @property
+    def device_label(self) -> str:
+        return f"cuda:{self.device}"
+
     def __repr__(self) -> str:
         return f"TorchCudaProbe(cuda:{self.device})"
 
@@ -176,20 +184,19 @@ class CombinedProbe:
             process_count=self.nvml.recent_process_count(),
         )
 
+    @property
+    def device_label(self) -> str:
+        return self.nvml.uuid
+
     def __repr__(self) -> str:
         return f"CombinedProbe({self.nvml!r}, {self.torch!r})"
 
 
 def device_label(probe: object) -> str:
-    """A short, stable name for a probe's device, for metric labels: a UUID where there is one."""
+    """A short, stable name for a probe's device, for metric labels: the probe's `device_label`
+    (the NVML UUID for the built-in probes that have one), else its class name."""
     if probe is None:
         return "none"
-    if isinstance(probe, NvmlProbe):
-        return probe.uuid
-    if isinstance(probe, CombinedProbe):
-        return probe.nvml.uuid
-    if isinstance(probe, TorchCudaProbe):
-        return f"cuda:{probe.device}"
     label = getattr(probe, "device_label", None)
     return str(label) if label else type(probe).__name__
 

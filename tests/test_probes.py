@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adaptive_gate.memory import MemorySample
-from adaptive_gate.probes import CombinedProbe, NvmlProbe, ProbeUnavailable, TorchCudaProbe, auto_probe
+from adaptive_gate.probes import CombinedProbe, NvmlProbe, ProbeUnavailable, TorchCudaProbe, auto_probe, device_label
 
 GiB = 2**30
 
@@ -137,6 +137,16 @@ def test_combined_probe(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
     # 5 GiB on NVML minus the 4 GiB cache
     expected = MemorySample(1 * GiB, 80 * GiB, 3, allocated_bytes=10 * GiB, reserved_bytes=14 * GiB, process_count=2)
     assert probe.sample() == expected
+
+
+def test_device_labels_for_metrics(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
+    """The UUID where NVML gives one, so a series follows the card, not its index."""
+    assert device_label(NvmlProbe(1)) == "GPU-bbbb"
+    assert device_label(CombinedProbe(NvmlProbe("GPU-aaaa"), TorchCudaProbe(0))) == "GPU-aaaa"
+    assert device_label(TorchCudaProbe(0)) == "cuda:0"
+    assert device_label(None) == "none"
+    assert device_label(types.SimpleNamespace(sample=lambda: None)) == "SimpleNamespace"
+    assert device_label(types.SimpleNamespace(sample=lambda: None, device_label="sim-7")) == "sim-7"
 
 
 def test_nvml_reads_the_process_list_now_and_then(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
