@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from .harness import DEADLINE_S, RunResult, run
-from .plots import plot_scenario
+from .report import plot_document
 from .scenarios import FULL_PLAN, FULL_STATIC, LOADS, QUICK_PLAN, QUICK_STATIC, SCENARIOS
 
 RESULTS = Path(__file__).parent / "results"
@@ -73,15 +73,7 @@ def main() -> None:
             "oom_times_s": {load: {p: r.oom_times_s for p, r in by_policy.items()} for load, by_policy in runs.items()},
         }  # fmt: skip
         (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
-        plot_load = "2x" if "2x" in runs else loads[-1]
-        shown = runs[plot_load]
-        plot_scenario(
-            name, scenario.description, plot_load,
-            summaries={p: r.summary() for p, r in shown.items()},
-            series={p: r.series for p, r in shown.items()},
-            path=RESULTS / f"{name}.png",
-            oom_times_s={p: r.oom_times_s for p, r in shown.items()},
-        )  # fmt: skip
+        plot_document(name, document)
 
     print("\nTargets (ratios measured side by side in this run):")
     for line in verdicts:

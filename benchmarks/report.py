@@ -64,22 +64,25 @@ def http_rows() -> list[str]:
     return rows
 
 
+def plot_document(name: str, document: dict[str, Any]) -> None:
+    """`<name>.png` from a scenario's results document: the 2x load, else the last one run."""
+    load = "2x" if "2x" in document["runs"] else list(document["runs"])[-1]
+    plot_scenario(
+        name,
+        document["scenario"]["description"],
+        load,
+        summaries=document["runs"][load],
+        series=document["series"][load],
+        path=RESULTS / f"{name}.png",
+        oom_times_s=document.get("oom_times_s", {}).get(load),
+    )
+
+
 def redraw_plots() -> None:
     for name in ORDER:
         path = RESULTS / f"{name}.json"
-        if not path.exists():
-            continue
-        document = json.loads(path.read_text())
-        load = "2x" if "2x" in document["runs"] else next(iter(document["runs"]))
-        plot_scenario(
-            name,
-            document["scenario"]["description"],
-            load,
-            summaries=document["runs"][load],
-            series=document["series"][load],
-            path=RESULTS / f"{name}.png",
-            oom_times_s=document.get("oom_times_s", {}).get(load),
-        )
+        if path.exists():
+            plot_document(name, json.loads(path.read_text()))
 
 
 def main() -> None:
