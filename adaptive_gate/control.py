@@ -25,6 +25,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ._checks import check_fraction
 from .memory import MemorySample
 
 __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
@@ -297,14 +298,6 @@ class MemoryModel:
         return proven
 
 
-def _check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not low < value <= high:
-        raise ValueError(f"{name} must be in ({low}, {high}], got {value}")
-    return float(value)
-
-
 class AIMD(_Bounds):
     """Additive increase, multiplicative decrease, under a learned memory cap.
 
@@ -350,10 +343,10 @@ class AIMD(_Bounds):
             raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
         self.increase_step = increase_step
         self.slow_start = bool(slow_start)
-        self.oom_backoff = _check_fraction("oom_backoff", oom_backoff, high=0.99)
-        self.pressure_backoff = _check_fraction("pressure_backoff", pressure_backoff, high=0.99)
-        self.high_watermark = _check_fraction("high_watermark", high_watermark)
-        self.target_utilisation = _check_fraction("target_utilisation", target_utilisation)
+        self.oom_backoff = check_fraction("oom_backoff", oom_backoff, high=0.99)
+        self.pressure_backoff = check_fraction("pressure_backoff", pressure_backoff, high=0.99)
+        self.high_watermark = check_fraction("high_watermark", high_watermark)
+        self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
         if pressure_cooldown_s < 0:
             raise ValueError(f"pressure_cooldown_s must be >= 0, got {pressure_cooldown_s}")
         self.pressure_cooldown_s = float(pressure_cooldown_s)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import check_fraction, check_int, check_seconds
 from .memory import MemorySample
 
 __all__ = ["CODES", "Diagnostics", "Finding"]
@@ -110,24 +111,24 @@ class Diagnostics:
         probe_errors: int = 5,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if not 0 < leak_min_span_s <= leak_window_s:
-            raise ValueError(f"need 0 < leak_min_span_s <= leak_window_s, got {leak_min_span_s}, {leak_window_s}")
-        self.loop_stall_s = loop_stall_s
-        self.stall_strikes = stall_strikes
-        self.long_stall_s = long_stall_s
+        self.loop_stall_s = check_seconds("loop_stall_s", loop_stall_s, allow_zero=False)
+        self.stall_strikes = check_int("stall_strikes", stall_strikes, 1)
+        self.long_stall_s = check_seconds("long_stall_s", long_stall_s, allow_zero=False)
         self._stalls: dict[str, deque[float]] = {
             "blocking_call_in_async_route": deque(maxlen=stall_strikes),
             "event_loop_stalled": deque(maxlen=stall_strikes),
         }
-        self.event_quiet_s = event_quiet_s
-        self.leak_window_s = leak_window_s
-        self.leak_min_span_s = leak_min_span_s
-        self.leak_min_growth_bytes = leak_min_growth_bytes
-        self.leak_min_growth_fraction = leak_min_growth_fraction
-        self.fragmentation_fraction = fragmentation_fraction
-        self.fragmentation_for_s = fragmentation_for_s
-        self.stuck_for_s = stuck_for_s
-        self.probe_errors = probe_errors
+        self.event_quiet_s = check_seconds("event_quiet_s", event_quiet_s, allow_zero=False)
+        self.leak_window_s = check_seconds("leak_window_s", leak_window_s, allow_zero=False)
+        self.leak_min_span_s = check_seconds("leak_min_span_s", leak_min_span_s, allow_zero=False)
+        if leak_min_span_s > leak_window_s:
+            raise ValueError(f"leak_min_span_s ({leak_min_span_s}) must be <= leak_window_s ({leak_window_s})")
+        self.leak_min_growth_bytes = check_int("leak_min_growth_bytes", leak_min_growth_bytes, 0)
+        self.leak_min_growth_fraction = check_fraction("leak_min_growth_fraction", leak_min_growth_fraction)
+        self.fragmentation_fraction = check_fraction("fragmentation_fraction", fragmentation_fraction)
+        self.fragmentation_for_s = check_seconds("fragmentation_for_s", fragmentation_for_s)
+        self.stuck_for_s = check_seconds("stuck_for_s", stuck_for_s)
+        self.probe_errors = check_int("probe_errors", probe_errors, 1)
         self._wall_clock = wall_clock
         self._findings: dict[str, Finding] = {}
         # Idle readings, one per second at most: (monotonic s, bytes).

@@ -27,6 +27,7 @@ import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import metrics as _metrics
+from ._checks import check_int, check_seconds
 from ._endpoints import Endpoints, check_token, send_json
 from ._operator import OperatorBounds, parse_limits
 from ._routes import GatedRoute, RouteTable, normalise_tag, route_path
@@ -53,23 +54,6 @@ MONITOR_PERIOD_S = 0.1
 PROBE_BROKEN_AFTER_ERRORS = 3  # readiness fails after this many failed readings in a row
 HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
 FIRST_READING_WAIT_S = 2.0  # plus probe_timeout: how long start-up waits for the first reading
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-    return value
-
-
-def _check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
-    return float(value)
 
 
 class _Slot:
@@ -130,18 +114,18 @@ class AdaptiveGate:
     ) -> None:
         self.app = app
         self.tag = None if tag is None else normalise_tag(tag)
-        self.min_limit = _check_int("min_limit", min_limit, 1)
-        self.max_limit = _check_int("max_limit", max_limit, self.min_limit)
+        self.min_limit = check_int("min_limit", min_limit, 1)
+        self.max_limit = check_int("max_limit", max_limit, self.min_limit)
         if initial_limit is not None:
-            _check_int("initial_limit", initial_limit, self.min_limit, self.max_limit)
-        _check_int("max_queue", max_queue, 0)
-        self.queue_timeout_s = _check_seconds("queue_timeout", queue_timeout)
+            check_int("initial_limit", initial_limit, self.min_limit, self.max_limit)
+        check_int("max_queue", max_queue, 0)
+        self.queue_timeout_s = check_seconds("queue_timeout", queue_timeout)
         if reject_status not in (429, 503):
             raise ValueError(f"reject_status must be 503 or 429, got {reject_status!r}")
         self.reject_status = reject_status
-        self.max_retry_after_s = _check_int("max_retry_after", max_retry_after, 1)
-        self.sample_period_s = _check_seconds("sample_period", sample_period, allow_zero=False)
-        self.probe_timeout_s = _check_seconds("probe_timeout", probe_timeout, allow_zero=False)
+        self.max_retry_after_s = check_int("max_retry_after", max_retry_after, 1)
+        self.sample_period_s = check_seconds("sample_period", sample_period, allow_zero=False)
+        self.probe_timeout_s = check_seconds("probe_timeout", probe_timeout, allow_zero=False)
         self._endpoints = Endpoints(
             paths={
                 "status": status_path,
@@ -157,7 +141,7 @@ class AdaptiveGate:
             raise TypeError(f"health_paths must be a tuple of paths, got {health_paths!r}")
         self.health_paths = frozenset(health_paths)
         if workers is not None:
-            _check_int("workers", workers, 1)
+            check_int("workers", workers, 1)
         self._probe_option = self._check_probe(probe)
 
         if controller is None:

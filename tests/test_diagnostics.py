@@ -195,6 +195,17 @@ def test_a_probe_that_keeps_failing_is_said_and_clears() -> None:
 def test_thresholds_are_checked() -> None:
     with pytest.raises(ValueError, match="leak_min_span_s"):
         Diagnostics(leak_min_span_s=700, leak_window_s=600)
+    # Each would have broken the monitor's tick (no strikes to count) or raised a finding at every one.
+    with pytest.raises(ValueError, match="stall_strikes must be >= 1"):
+        Diagnostics(stall_strikes=0)
+    with pytest.raises(ValueError, match="loop_stall_s must be > 0 seconds"):
+        Diagnostics(loop_stall_s=0)
+    with pytest.raises(ValueError, match=r"fragmentation_fraction must be in \(0.0, 1.0\]"):
+        Diagnostics(fragmentation_fraction=1.5)
+    with pytest.raises(TypeError, match="probe_errors must be an int"):
+        Diagnostics(probe_errors=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stuck_for_s must be >= 0 seconds"):
+        Diagnostics(stuck_for_s=-1)
 
 
 # -- through the gate ------------------------------------------------------------------------------------
