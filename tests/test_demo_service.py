@@ -6,10 +6,8 @@ import io
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from demo_service.model import build_model
 from demo_service.policies import parse_policy
 
 from .conftest import find_gate
+from .servers import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.anyio
 
@@ -181,28 +180,6 @@ def test_bad_device_is_explained() -> None:
 
 
 # -- the real service, as the README starts it -----------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until_healthy(
-    url: str, process: subprocess.Popen[str] | subprocess.Popen[bytes], what: str, timeout_s: float = 120
-) -> None:
-    """Poll `{url}/healthz` until it answers 200; fail at once if the process exits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, f"{what} exited during start-up"
-        assert time.monotonic() < deadline, f"{what} did not start within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from adaptive_gate._workers import proc_stat_fields
 
-from .test_demo_service import free_port, wait_until_healthy
+from .servers import free_port, wait_until_healthy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_serve" / "app.py"
 

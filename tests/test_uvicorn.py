@@ -19,14 +19,13 @@ from fastapi import FastAPI
 from adaptive_gate import AdaptiveGate, Fixed
 
 from .conftest import find_gate
+from .servers import free_port
 
 
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Run `app` under uvicorn in a thread on a free loopback port; stop it cleanly afterwards."""
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -19,7 +19,7 @@ from adaptive_gate._workers import detect_workers
 from adaptive_gate.testing import SimulatedGPU
 
 from .conftest import find_gate
-from .test_demo_service import free_port
+from .servers import free_port
 from .test_scenarios import CARD, GiB, classic_app, hammer
 
 WEIGHTS = 4 * GiB  # each worker loads its own copy of the model
