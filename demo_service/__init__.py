@@ -1,4 +1,4 @@
-"""A ResNet-class image classifier served behind AdaptiveGate: `python -m demo_service`."""
+"""An ImageNet classifier (EfficientNet-Lite0, pretrained) served behind AdaptiveGate: `python -m demo_service`."""
 
 from .app import Settings, create_app
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import uvicorn
 
 from .app import Settings, create_app
+from .model import DEFAULT_MODEL, MODEL_NAMES
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -36,10 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
-    parser.add_argument("--model", default="resnet50", choices=["resnet50", "resnet18", "resnet-tiny"])
-    parser.add_argument("--weights", type=Path, help="a state dict to load (torch.load(weights_only=True))")
-    parser.add_argument("--labels", type=Path, help="a text file, one label per line")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--model", default=DEFAULT_MODEL, choices=MODEL_NAMES,
+                        help=f"{DEFAULT_MODEL} (default: pretrained on ImageNet) or a ResNet (random weights "
+                        "unless --weights; resnet50 does about ten times the work)")  # fmt: skip
+    parser.add_argument("--weights", type=Path,
+                        help="a state dict to load instead (torch.load(weights_only=True))")  # fmt: skip
+    parser.add_argument("--labels", type=Path,
+                        help="a text file, one label per line (default: ImageNet's names for Lite0)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of a ResNet's random weights")
     parser.add_argument("--simulated-vram", type=parse_size, default=Settings.simulated_vram_bytes,
                         help="size of the simulated card without a GPU (default: 768MiB)")  # fmt: skip
     parser.add_argument("--vram-fraction", type=float, help="on CUDA, cap PyTorch at this fraction of the card")

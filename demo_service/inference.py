@@ -1,5 +1,9 @@
 """The model's life in the process: loaded once, warmed up, and run on decoded images.
 
+Images are decoded defensively (a client's bytes are hostile until shown otherwise: see
+`decode_image`), resized whole to the model's square input with a bicubic filter, and normalised
+as the model's weights expect (`model.Preprocessing`).
+
 On CUDA the card is real and PyTorch raises its own out-of-memory errors. Without a GPU the model
 computes on the CPU for real, and its memory is accounted on a `SimulatedGPU`: the weights' bytes
 from the start, and for each request the activation bytes of its input shape, held while it runs.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import io
 import logging
+import struct
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -20,14 +25,15 @@ from PIL import Image, UnidentifiedImageError
 
 from adaptive_gate.testing import SimulatedGPU
 
-from .model import ResNet, activation_bytes, build_model, weight_bytes
+from .model import Preprocessing, activation_bytes, build_model, preprocessing_for, weight_bytes
 
 logger = logging.getLogger("demo_service")
 
 IMAGE_SIDE = 224
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 ACCEPTED_FORMATS = {"PNG", "JPEG"}
+# What Pillow raises on a malformed header or metadata chunk (a zTXt or iCCP that inflates past its
+# 1 MiB cap raises ValueError): the client's fault, a 400, never a 500.
+MALFORMED = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
 class BadImage(ValueError):
@@ -46,11 +52,17 @@ class Prediction:
 
 
 def decode_image(data: bytes, *, max_pixels: int, side: int = IMAGE_SIDE) -> torch.Tensor:
-    """PNG or JPEG bytes -> a normalised 3 x side x side float tensor, or BadImage."""
-    try:
-        image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError as exc:
-        raise BadImage(400, "the file is not an image (PNG or JPEG expected)") from exc
+    """PNG or JPEG bytes -> a 3 x side x side float tensor of pixels in [0, 1], or BadImage.
+
+    The whole image is resized to the square input (bicubic, aspect not kept), not centre-cropped
+    as in TensorFlow's evaluation: a portrait loses what makes it one under an 87.5% crop (the
+    README's photo goes from "military uniform" at 0.46 to "academic gown" at 0.24).
+
+    The pixel count is checked from the header, before any pixel is decoded, so a small file that
+    claims 30000x30000 costs nothing. Pillow's own decompression-bomb guard fires earlier, inside
+    `Image.open`, for the largest claims; it is caught here as the same 413.
+    """
+    image = _open(data)
     if image.format not in ACCEPTED_FORMATS:
         raise BadImage(415, f"{image.format} images are not accepted; send PNG or JPEG")
     width, height = image.size
@@ -58,24 +70,44 @@ def decode_image(data: bytes, *, max_pixels: int, side: int = IMAGE_SIDE) -> tor
         raise BadImage(413, f"the image has {width}x{height} pixels, more than the limit of {max_pixels}")
     try:
         image.load()
-    except (OSError, SyntaxError) as exc:
+        rgb = image.convert("RGB")
+    except MALFORMED as exc:
         raise BadImage(400, f"the image is truncated or corrupt: {exc}") from exc
-    rgb = image.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
+    rgb = rgb.resize((side, side), Image.Resampling.BICUBIC)
     pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(side, side, 3)
-    tensor = pixels.permute(2, 0, 1).float().div_(255)
-    mean = torch.tensor(MEAN).view(3, 1, 1)
-    std = torch.tensor(STD).view(3, 1, 1)
-    return (tensor - mean) / std
+    return pixels.permute(2, 0, 1).float().div_(255)
+
+
+def _open(data: bytes) -> Image.Image:
+    """Read the header and the chunks before the pixels; every way that fails is the client's 4xx."""
+    try:
+        return Image.open(io.BytesIO(data))
+    # Between Pillow's two thresholds it only warns, and our own limit, lower, answers below; where
+    # warnings are errors (the tests) the warning arrives here, and means the same.
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise BadImage(413, f"the image claims more pixels than any accepted image: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise BadImage(400, "the file is not an image (PNG or JPEG expected)") from exc
+    except MALFORMED as exc:
+        raise BadImage(400, f"the image's header or metadata is malformed or too large: {exc}") from exc
 
 
 class Classifier:
     """One model per process, on one device, with the simulated card where there is no GPU."""
 
     def __init__(
-        self, model: ResNet, labels: list[str], device: torch.device, gpu: SimulatedGPU | None, side: int
+        self,
+        model: torch.nn.Module,
+        labels: list[str],
+        device: torch.device,
+        gpu: SimulatedGPU | None,
+        side: int,
+        preprocessing: Preprocessing,
     ) -> None:
         self.model = model
         self.side = side
+        self.mean = torch.tensor(preprocessing.mean).view(1, 3, 1, 1)
+        self.std = torch.tensor(preprocessing.std).view(1, 3, 1, 1)
         self.labels = labels
         self.device = device
         self.gpu = gpu
@@ -95,7 +127,8 @@ class Classifier:
         return self.gpu.allocate(self.bytes_for(shape))
 
     def predict(self, images: list[torch.Tensor]) -> tuple[list[list[Prediction]], float]:
-        batch = torch.stack(images)
+        """Top-5 per image of [0, 1] pixels (`decode_image`), normalised here as the weights expect."""
+        batch = (torch.stack(images) - self.mean) / self.std
         started = time.perf_counter()
         with self._memory(tuple(batch.shape)), torch.inference_mode():
             logits = self.model(batch.to(self.device))
@@ -151,7 +184,7 @@ def load_classifier(
                     f"--simulated-vram of {gpu.total_bytes} bytes cannot even hold the weights ({needed} bytes)"
                 )
             gpu.allocate(needed).__enter__()  # held for the life of the process, like loaded weights
-        classifier = Classifier(model, labels, device, gpu, side)
+        classifier = Classifier(model, labels, device, gpu, side, preprocessing_for(architecture))
         classifier.warm_up()
         _loaded[key] = classifier
         return classifier

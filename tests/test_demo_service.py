@@ -6,8 +6,10 @@ import io
 import logging
 import os
 import signal
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from PIL import Image
 
 from demo_service import Settings, create_app
 from demo_service.__main__ import parse_args, parse_size, settings_from
-from demo_service.model import build_model
+from demo_service.model import DEFAULT_MODEL, build_model, weight_bytes
 from demo_service.policies import parse_policy
 
 from .conftest import find_gate
@@ -29,12 +31,40 @@ from .servers import free_port, wait_until_healthy
 pytestmark = pytest.mark.anyio
 
 MiB = 2**20
+# A public-domain portrait (U.S. Navy photograph; see tests/data/README.md) and what the pretrained
+# default model must see in it.
+PHOTO = Path(__file__).parent / "data" / "grace_hopper.jpg"
+PHOTO_LABEL = "military uniform"
 
 
 def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (64, 48), mode: str = "RGB") -> bytes:
     buffer = io.BytesIO()
     Image.new(mode, size, 128).save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_bomb(width: int, height: int, *, before_pixels: bytes = b"") -> bytes:
+    """A tiny PNG whose header claims `width` x `height`, with `before_pixels` chunks ahead of its data."""
+    header = png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    pixels = png_chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+    return b"\x89PNG\r\n\x1a\n" + header + before_pixels + pixels + png_chunk(b"IEND", b"")
+
+
+def jpeg_claiming(width: int, height: int) -> bytes:
+    """A real small JPEG whose frame header (SOF0) is rewritten to claim `width` x `height`."""
+    data = bytearray(image_bytes("JPEG"))
+    frame = data.index(b"\xff\xc0") + 5  # marker, length (2 bytes), precision (1 byte), then height, width
+    data[frame : frame + 4] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def inflating_chunk(kind: bytes, inflated_bytes: int) -> bytes:
+    """A zTXt or iCCP chunk: a name, a compression method, and zlib data that inflates to `inflated_bytes`."""
+    return png_chunk(kind, b"name\x00\x00" + zlib.compress(b"\x00" * inflated_bytes, 9))
 
 
 @pytest.fixture
@@ -87,6 +117,27 @@ async def test_bad_input_is_a_clear_4xx_and_frees_the_slot(
     assert gate.limiter.in_flight == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "status", "words"),
+    [
+        ("png-30000x30000", png_bomb(30000, 30000), 413, "pixels"),
+        ("png-10000x10000", png_bomb(10000, 10000), 413, "pixels"),  # between Pillow's warning and its error
+        ("jpeg-60000x60000", jpeg_claiming(60000, 60000), 413, "pixels"),
+        ("png-ztxt-2mib", png_bomb(32, 32, before_pixels=inflating_chunk(b"zTXt", 2 * MiB)), 400, "too large"),
+        ("png-iccp-2mib", png_bomb(32, 32, before_pixels=inflating_chunk(b"iCCP", 2 * MiB)), 400, "too large"),
+    ],
+)
+async def test_decompression_bombs_are_refused_before_decoding(
+    client: httpx.AsyncClient, name: str, data: bytes, status: int, words: str
+) -> None:
+    """Files of a few kB that claim gigapixels or inflate their metadata past 1 MiB: a 4xx, never a 500."""
+    assert len(data) < 16 * 1024
+    response = await client.post("/predict", files={"file": (f"{name}.bin", data)})
+    assert response.status_code == status, response.text
+    assert words in response.json()["detail"]
+    assert find_gate(client.app).limiter.in_flight == 0  # type: ignore[attr-defined]
+
+
 async def test_neighbour_control_on_the_simulated_card(client: httpx.AsyncClient) -> None:
     response = await client.put("/simulated-gpu/neighbour", params={"nbytes": 100 * MiB})
     assert response.status_code == 200 and response.json()["neighbour_bytes"] == 100 * MiB
@@ -112,13 +163,38 @@ async def test_health_is_not_gated_and_status_says_simulated(client: httpx.Async
     assert status["counters"]["admitted"] == 1 and status["counters"]["completed"] == 1
 
 
-async def test_memory_per_request_follows_the_input() -> None:
-    app = create_app(Settings(architecture="resnet-tiny"))
+@pytest.mark.parametrize("architecture", ["resnet-tiny", DEFAULT_MODEL])
+async def test_memory_per_request_follows_the_input(architecture: str) -> None:
+    app = create_app(Settings(architecture=architecture))
     async with LifespanManager(app):
         classifier = app.state.classifier
         one, four = classifier.bytes_for((1, 3, 224, 224)), classifier.bytes_for((4, 3, 224, 224))
         assert 3.5 * one < four < 4.5 * one
-        assert classifier.gpu.used_bytes > 0  # the weights sit on the card
+        assert classifier.gpu.used_bytes == weight_bytes(classifier.model)  # the model's own weights sit on the card
+
+
+async def test_the_default_model_is_pretrained_and_sees_the_photo() -> None:
+    """Lite0's weights, ImageNet's names and the preprocessing that matches them, checked together.
+
+    The margin is what it is for a reason: torchvision's normalisation instead of the weights' own
+    gives 0.29, and TensorFlow's centre crop puts "academic gown" first.
+    """
+    app = create_app(Settings())
+    async with LifespanManager(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://d") as http:
+            response = await http.post("/predict", files={"file": (PHOTO.name, PHOTO.read_bytes(), "image/jpeg")})
+    assert response.status_code == 200
+    best = response.json()["top5"][0]
+    assert best["label"] == PHOTO_LABEL and best["score"] > 0.4
+
+
+async def test_resnet50_stays_and_the_card_charges_the_bytes_of_the_model_that_runs() -> None:
+    """ResNet-50 stays selectable, and its image costs the card more than Lite0's: bytes of the model that runs."""
+    lite, resnet = (create_app(Settings(architecture=name)) for name in (DEFAULT_MODEL, "resnet50"))
+    async with LifespanManager(lite), LifespanManager(resnet):
+        shape = (1, 3, 224, 224)
+        assert lite.state.classifier.bytes_for(shape) < resnet.state.classifier.bytes_for(shape)
+        assert lite.state.classifier.gpu.used_bytes < resnet.state.classifier.gpu.used_bytes
 
 
 async def test_a_batch_too_big_for_the_card_is_a_503_not_a_crash() -> None:
@@ -217,6 +293,60 @@ def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
     assert status["in_flight"] == 0 and status["queued"] == 0
     assert process.returncode == 0, output
     assert "probe=SimulatedGPU" in output and "Application shutdown complete" in output
+
+
+# `python -m demo_service` with an audit hook that refuses every address off this machine: the hook
+# runs before the socket call, so nothing leaves, and what was refused is printed for the test to see.
+OFFLINE = """
+import ipaddress, runpy, sys
+
+def loopback(host):
+    if host is None or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+def refuse_the_network(event, args):
+    if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
+        host = args[0]
+    elif event in ("socket.connect", "socket.sendto"):
+        address = args[1]
+        host = address[0] if isinstance(address, tuple) else None  # a Unix socket's path is local
+    else:
+        return
+    if not loopback(host):
+        print(f"NETWORK REFUSED: {event} {host}", file=sys.stderr, flush=True)
+        raise ConnectionRefusedError(f"offline test: {event} to {host}")
+
+sys.addaudithook(refuse_the_network)
+runpy.run_module("demo_service", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_default_service_names_a_real_photo_offline() -> None:
+    """The README's first example: the defaults, nothing from the network, a photo, ImageNet's answer."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", OFFLINE, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, "the demo service")
+        response = httpx.post(f"{url}/predict", files={"file": (PHOTO.name, PHOTO.read_bytes(), "image/jpeg")},
+                              timeout=60)  # fmt: skip
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    assert response.status_code == 200, response.text
+    top3 = response.json()["top5"][:3]
+    assert any(p["label"] == PHOTO_LABEL and p["score"] > 0.2 for p in top3), top3
+    assert f"model={DEFAULT_MODEL}" in output and "NETWORK REFUSED" not in output, output
 
 
 async def asyncio_gather(coroutines: list[object]) -> list[httpx.Response]:
