@@ -78,17 +78,28 @@ class NvmlProbe:
         text = device.strip()
         if text.count(":") >= 2:
             return nvml.nvmlDeviceGetHandleByPciBusId(text)
-        if not text.upper().startswith(("GPU-", "MIG-")):
-            text = "GPU-" + text
-        return nvml.nvmlDeviceGetHandleByUUID(text)
+        if text.upper().startswith(("GPU-", "MIG-")):
+            return nvml.nvmlDeviceGetHandleByUUID(text)
+        # torch gives the bare hex of a UUID: a whole card's is GPU-..., a MIG instance's MIG-...
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID("GPU-" + text)
+        except Exception as whole_card_error:
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID("MIG-" + text)
+            except Exception:
+                raise whole_card_error from None
 
     def memory_info(self) -> tuple[int, int, int | None]:
-        """(used, total, reserved-by-driver or None): v2 where the driver has it, else v1."""
+        """(used, total, reserved-by-driver or None): v2 where the driver has it, else v1.
+
+        v2's `used` leaves out what the driver reserves, while `total` still includes it: the
+        reserve is added back, so that `total - used` is what can still be allocated, as with v1.
+        """
         nvml = self._pynvml
         if self._v2 and hasattr(nvml, "nvmlMemory_v2"):
             try:
                 info = nvml.nvmlDeviceGetMemoryInfo(self._handle, version=nvml.nvmlMemory_v2)
-                return int(info.used), int(info.total), int(info.reserved)
+                return int(info.used) + int(info.reserved), int(info.total), int(info.reserved)
             except Exception:
                 self._v2 = False  # an older driver: remember, and use v1 from now on
         info = nvml.nvmlDeviceGetMemoryInfo(self._handle)
@@ -121,9 +132,17 @@ class NvmlProbe:
 
 
 class TorchCudaProbe:
-    """Memory as this process's PyTorch sees it: free/total on the card, and its allocator's stats."""
+    """Memory as this process's PyTorch sees it: free/total on the card, and its allocator's stats.
 
-    def __init__(self, device: int = 0) -> None:
+    The allocator's `num_ooms` is how OOMs that the application swallowed still reach the gate.
+    But it also counts the OOMs that libraries catch themselves and recover from: cuDNN, looking for
+    a convolution workspace that fits, tries the large ones first and catches the OOMs, so a
+    convolutional model near its limit raises `num_ooms` on requests that succeed. An application
+    whose routes never catch an OOM (every one reaches the gate as an error) passes
+    `count_ooms=False`, and the samples carry no `oom_count`.
+    """
+
+    def __init__(self, device: int = 0, *, count_ooms: bool = True) -> None:
         try:
             import torch
         except ImportError as exc:
@@ -132,6 +151,11 @@ class TorchCudaProbe:
             raise ProbeUnavailable("torch.cuda.is_available() is False")
         self._torch = torch
         self.device = device
+        self.count_ooms = count_ooms
+
+    def oom_count(self, ooms: int) -> int | None:
+        """The count a sample reports: the allocator's, or None where it is not to be counted."""
+        return ooms if self.count_ooms else None
 
     def allocator_stats(self) -> tuple[int, int, int]:
         """(allocated, reserved, num_ooms). Reading the stats creates no CUDA context."""
@@ -152,7 +176,7 @@ class TorchCudaProbe:
         return MemorySample(
             used_bytes=used,
             total_bytes=int(total),
-            oom_count=ooms,
+            oom_count=self.oom_count(ooms),
             allocated_bytes=allocated,
             reserved_bytes=reserved,
         )
@@ -178,7 +202,7 @@ class CombinedProbe:
         return MemorySample(
             used_bytes=max(0, used - (reserved - allocated)),
             total_bytes=total,
-            oom_count=ooms,
+            oom_count=self.torch.oom_count(ooms),
             allocated_bytes=allocated,
             reserved_bytes=reserved,
             process_count=self.nvml.recent_process_count(),
@@ -209,17 +233,18 @@ def _cuda_visible_first() -> str | None:
     return first or None
 
 
-def auto_probe(cuda_device: int = 0) -> tuple[Probe | None, str]:
+def auto_probe(cuda_device: int = 0, *, count_ooms: bool = True) -> tuple[Probe | None, str]:
     """Pick NVML (with torch's allocator stats where torch is loaded), else torch.cuda, else none.
 
     Returns the probe and one line saying what was picked and why. torch is used only when the
     application has already imported it: a probe must not load a framework into the process.
+    `count_ooms` as for `TorchCudaProbe`.
     """
     torch_probe: TorchCudaProbe | None = None
     torch_why = "torch not imported by the application"
     if "torch" in sys.modules:
         try:
-            torch_probe = TorchCudaProbe(cuda_device)
+            torch_probe = TorchCudaProbe(cuda_device, count_ooms=count_ooms)
         except Exception as exc:
             torch_why = str(exc)
     try:

@@ -13,6 +13,7 @@ from adaptive_gate.memory import MemorySample
 from adaptive_gate.probes import CombinedProbe, NvmlProbe, ProbeUnavailable, TorchCudaProbe, auto_probe, device_label
 
 GiB = 2**30
+DRIVER_RESERVED_BYTES = 300 * 2**20
 
 
 class FakeNvml(types.ModuleType):
@@ -43,7 +44,10 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> dict[str, Any]:
         self.lookups.append(("uuid", uuid))
-        return next(card for card in self.cards if card["uuid"] == uuid)
+        for card in self.cards:
+            if card["uuid"] == uuid:
+                return card
+        raise self.NVMLError("Not Found")
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str) -> dict[str, Any]:
         self.lookups.append(("pci", bus_id))
@@ -56,11 +60,13 @@ class FakeNvml(types.ModuleType):
         return str(handle["uuid"])
 
     def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any], version: int | None = None) -> Any:
+        """v1: `used` includes the driver's reserve; v2 reports the reserve apart (as real drivers do)."""
         if version is not None and not self.v2:
             raise self.NVMLError("Function Not Found")
         info = types.SimpleNamespace(used=handle["used"], total=handle["total"], free=handle["total"] - handle["used"])
         if version is not None:
-            info.reserved = 300 * 2**20
+            info.reserved = DRIVER_RESERVED_BYTES
+            info.used = handle["used"] - DRIVER_RESERVED_BYTES
         return info
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> list[object]:
@@ -104,7 +110,8 @@ def test_nvml_by_index_uuid_and_pci(nvml: FakeNvml) -> None:
 
 def test_nvml_reads_v2_and_falls_back_to_v1(nvml: FakeNvml) -> None:
     probe = NvmlProbe(0)
-    assert probe.memory_info() == (1 * GiB, 16 * GiB, 300 * 2**20)
+    # v2's used leaves out the driver's reserve, which total includes: added back, both agree
+    assert probe.memory_info() == (1 * GiB, 16 * GiB, DRIVER_RESERVED_BYTES)
     nvml.v2 = False
     assert probe.memory_info() == (1 * GiB, 16 * GiB, None)
     assert probe.process_count() == 2
@@ -195,3 +202,20 @@ def test_auto_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch, fake_cuda: di
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error=True))
     probe, line = auto_probe()
     assert isinstance(probe, TorchCudaProbe) and "NVML unavailable" in line
+
+
+def test_nvml_finds_a_mig_instance_by_the_bare_uuid_torch_gives(nvml: FakeNvml) -> None:
+    nvml.cards.append({"uuid": "MIG-cccc", "pci": "00000000:41:00.0", "name": "Slice", "used": GiB, "total": 10 * GiB})
+    assert NvmlProbe("cccc").uuid == "MIG-cccc"
+    assert nvml.lookups[-2:] == [("uuid", "GPU-cccc"), ("uuid", "MIG-cccc")]
+    with pytest.raises(FakeNvml.NVMLError, match="Not Found"):
+        NvmlProbe("dddd")
+
+
+def test_torch_probes_can_leave_the_oom_count_out(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
+    """cuDNN's self-caught OOMs raise num_ooms on requests that succeed: an app that swallows no OOM opts out."""
+    assert TorchCudaProbe(0).sample().oom_count == 3
+    assert TorchCudaProbe(0, count_ooms=False).sample().oom_count is None
+    assert CombinedProbe(NvmlProbe(1), TorchCudaProbe(0, count_ooms=False)).sample().oom_count is None
+    probe, _ = auto_probe(count_ooms=False)
+    assert isinstance(probe, CombinedProbe) and probe.sample().oom_count is None
