@@ -43,6 +43,8 @@ class GateControl(Protocol):
 
     def readiness(self) -> tuple[bool, list[str]]: ...
 
+    def degraded(self) -> list[str]: ...
+
     def operator_limits(self) -> dict[str, Any]: ...
 
     def set_operator_limits(self, body: object) -> dict[str, Any]: ...
@@ -179,7 +181,8 @@ class Endpoints:
             await send_json(send, 200, gate.dashboard_data(), head=head)
         elif name == "ready":
             ready, reasons = gate.readiness()
-            await send_json(send, 200 if ready else 503, {"ready": ready, "reasons": reasons}, head=head)
+            document = {"ready": ready, "reasons": reasons, "degraded": gate.degraded()}
+            await send_json(send, 200 if ready else 503, document, head=head)
         elif method == "PUT":
             await self._put_limits(gate, receive, send)
         else:
@@ -223,6 +226,9 @@ class Endpoints:
             document = json.loads(body)
         except ValueError as exc:
             await send_json(send, 422, {"detail": f"the body is not JSON: {exc}"})
+            return
+        except RecursionError:  # nested thousands deep: no limits document looks like that
+            await send_json(send, 422, {"detail": "the body is JSON nested too deep; send a flat object"})
             return
         try:
             answer = gate.set_operator_limits(document)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -22,9 +23,22 @@ from typing import Any
 from starlette.routing import Host, Match, Mount, Route
 from starlette.types import Scope
 
+logger = logging.getLogger("adaptive_gate")
+
 
 def normalise_tag(tag: object) -> str:
     return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
+
+
+def check_tags(tag: object) -> frozenset[str] | None:
+    """The `tag` option as a set: one tag, or several (FastAPI's tags are lists, so a list is natural)."""
+    if tag is None:
+        return None
+    if isinstance(tag, str | enum.Enum):
+        return frozenset({normalise_tag(tag)})
+    if isinstance(tag, list | tuple | set | frozenset) and tag and all(isinstance(t, str | enum.Enum) for t in tag):
+        return frozenset(normalise_tag(t) for t in tag)
+    raise TypeError(f'tag must be a str such as "gpu", a list of them, or None (gate every request); got {tag!r}')
 
 
 class GatedRoute:
@@ -74,17 +88,17 @@ def _expand(routes: Sequence[Any]) -> Iterable[Any]:
         return routes
 
 
-def _build(routes: Sequence[Any], tag: str) -> list[_Node]:
+def _build(routes: Sequence[Any], wanted: frozenset[str]) -> list[_Node]:
     nodes: list[_Node] = []
     for route in _expand(routes):
         if not callable(getattr(route, "matches", None)):
             continue
         if isinstance(getattr(route, "original_route", route), Mount | Host):
-            sub = _build(route.routes, tag)
+            sub = _build(route.routes, wanted)
             nodes.append(_Node(route, any(n.gated for n in sub), sub))
         else:
             tags = {normalise_tag(t) for t in getattr(route, "tags", None) or ()}
-            nodes.append(_Node(route, tag in tags, None))
+            nodes.append(_Node(route, not wanted.isdisjoint(tags), None))
     # Past the last gated route nothing can be gated: requests stop looking there.
     last_gated = max((i for i, node in enumerate(nodes) if node.gated), default=-1)
     return nodes[: last_gated + 1]
@@ -119,26 +133,51 @@ def _gated(nodes: list[_Node], scope: Scope, path: str) -> GatedRoute | None:
 
 
 class RouteTable:
-    """The gated routes of one application, rebuilt only when its route list changes size."""
+    """The gated routes of one application, rebuilt only when its route list changes size.
 
-    def __init__(self, tag: str | None) -> None:
-        self._tag = tag
+    The routes are those of `scope["app"]`, which Starlette sets before its middleware runs. A gate
+    that wraps the application from outside (`AdaptiveGate(app)`) runs before that: it finds them
+    on the application it wraps, or on the first app down its chain of `.app` that has routes.
+    """
+
+    def __init__(self, tags: frozenset[str] | None, *, fallback_app: object = None) -> None:
+        self._tags = tags
+        self._fallback = _routed_app(fallback_app)
         self._app: object = None
         self._size = -1
         self._nodes: list[_Node] = []
+        self._warned = False
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
         """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""
-        if self._tag is None:
+        if self._tags is None:
             return EVERY_REQUEST
         app = scope.get("app")
         routes = getattr(app, "routes", None)
         if routes is None:
-            return None
+            app = self._fallback
+            routes = getattr(app, "routes", None)
+            if routes is None:
+                if not self._warned:
+                    self._warned = True
+                    logger.warning(
+                        "adaptive_gate: no routes found (scope['app'] has none, nor does the wrapped app), so "
+                        "no request is gated by tag; use app.add_middleware(AdaptiveGate) or tag=None"
+                    )
+                return None
         if app is not self._app or len(routes) != self._size:
-            self._nodes = _build(routes, self._tag)
+            self._nodes = _build(routes, self._tags)
             self._app, self._size = app, len(routes)
         return _gated(self._nodes, scope, path)
+
+
+def _routed_app(app: object, depth: int = 32) -> object:
+    """The first of `app`, `app.app`, `app.app.app`... that has routes, or None."""
+    for _ in range(depth):
+        if app is None or getattr(app, "routes", None) is not None:
+            return app
+        app = getattr(app, "app", None)
+    return None
 
 
 # With `tag=None` every request is gated, and which endpoint serves it is not looked up.

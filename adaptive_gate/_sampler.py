@@ -1,27 +1,102 @@
 """The background loops: the one that reads the memory probe off the event loop, and the monitor.
 
-A probe may raise (no driver, an NVML error) or hang (a wedged driver). Neither may reach the
-service: each call runs in a worker thread under a timeout, on a private one-token thread limiter
-so that a hung call pins one thread of ours, never a token of the pool that sync routes share.
-After a failure the loop waits longer (exponential backoff), and it says what happened through
-`on_error`, so the status can show it.
+A probe may raise (no driver, an NVML error), hang (a wedged driver) or lie (NaN, more used than
+the card holds). None of it may reach the service: each call runs on the probe's own daemon thread
+under a timeout, never on a thread of the pool that sync routes share; a call that hangs pins that
+one thread, and no second call starts until it returns (a new thread per retry would leak one
+thread per period, and a hung non-daemon thread keeps the process from exiting after Ctrl-C).
+A reading is checked before it is used. After a failure the loop waits longer (exponential
+backoff) and says what happened through `on_error`, so the status can show it; a bug in what the
+gate does with a reading is logged and counted the same way, and never ends the loop.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import anyio
-import anyio.to_thread
+import anyio.from_thread
+import anyio.lowlevel
 
-from .memory import MemorySample
+from .memory import MemorySample, check_sample
 from .probes import Probe
 
 logger = logging.getLogger("adaptive_gate")
 
 MAX_BACKOFF_S = 5.0
+# The first reading may need the driver's start-up (nvmlInit, a CUDA context): it gets longer.
+START_TIMEOUT_FACTOR = 5.0
+
+T = TypeVar("T")
+
+
+class ProbeHung(Exception):
+    """The previous call to the probe has not returned: no other call is started meanwhile."""
+
+    def __init__(self, hung_s: float) -> None:
+        super().__init__(f"the previous call has not returned after {hung_s:.1f} s")
+        self.hung_s = hung_s
+
+
+class _Outcome(Generic[T]):
+    __slots__ = ("value", "error", "done")
+
+    def __init__(self) -> None:
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+
+
+class ProbeThread:
+    """One daemon thread that runs the probe's calls one at a time.
+
+    The event loop waits for a call under a timeout; a call that overruns it is abandoned, not
+    stopped (a thread cannot be), and until it returns, `call` refuses to start another one. The
+    thread is a daemon so that a driver that never answers cannot keep the process alive.
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.busy_since_s: float | None = None
+
+    def _serve(self) -> None:
+        while True:
+            self._calls.get()()
+
+    async def call(self, function: Callable[[], T], timeout_s: float) -> T:
+        if self.busy_since_s is not None:
+            raise ProbeHung(time.monotonic() - self.busy_since_s)
+        token = anyio.lowlevel.current_token()
+        outcome: _Outcome[T] = _Outcome()
+
+        def run() -> None:
+            try:
+                outcome.value = function()
+            except BaseException as exc:  # handed to the waiting task, which decides
+                outcome.error = exc
+            finally:
+                self.busy_since_s = None
+                try:
+                    anyio.from_thread.run_sync(outcome.done.set, token=token)
+                except Exception:  # the event loop is gone: nobody waits for this answer any more
+                    pass
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="adaptive-gate-probe", daemon=True)
+            self._thread.start()
+        self.busy_since_s = time.monotonic()
+        self._calls.put(run)
+        with anyio.fail_after(timeout_s):
+            await outcome.done.wait()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value  # type: ignore[return-value]
 
 
 class BackgroundLoop:
@@ -45,6 +120,8 @@ class BackgroundLoop:
                 if self._stopped:
                     scope.cancel()
                 await self._body()
+        except Exception:  # a bug of ours: logged, and never a reason to end the app's lifespan
+            logger.exception("adaptive_gate: a background loop failed and stopped")
         finally:
             self.running = False
             self._cancel_scope = None
@@ -95,47 +172,71 @@ class Sampler(BackgroundLoop):
         self._reading_done = anyio.Event()
 
     async def _body(self) -> None:
-        limiter = anyio.CapacityLimiter(1)
-        probe = await self._start_probe(limiter)
+        thread = ProbeThread()
+        probe = await self._start_probe(thread)
         if probe is None:
             self._without_probe = True
             self._reading_tried()
             return
-        await self._loop(probe, limiter)
+        await self._loop(probe, thread)
 
-    async def _start_probe(self, limiter: anyio.CapacityLimiter) -> Probe | None:
-        try:
-            probe, description = await anyio.to_thread.run_sync(
-                self._probe_factory, limiter=limiter, abandon_on_cancel=True
-            )
-        except Exception as exc:
-            probe, description = None, f"probe: none, it failed to start: {exc!r}"
+    async def _start_probe(self, thread: ProbeThread) -> Probe | None:
+        """Find the probe (`probe="auto"` loads NVML or torch), retrying while that hangs."""
+        delay_s = self._period_s
+        while True:
+            try:
+                probe, description = await thread.call(self._probe_factory, self._timeout_s * START_TIMEOUT_FACTOR)
+            except (TimeoutError, ProbeHung) as exc:
+                self._on_error(f"the probe did not start: {_hang_message(exc, self._timeout_s * START_TIMEOUT_FACTOR)}")
+            except Exception as exc:
+                probe, description = None, f"probe: none, it failed to start: {exc!r}"
+                break
+            else:
+                break
+            self._reading_tried()
+            delay_s = await self._pause(min(MAX_BACKOFF_S, delay_s * 2))
         self._on_probe(probe, description)
         return probe
 
-    async def _loop(self, probe: Probe, limiter: anyio.CapacityLimiter) -> None:
+    async def _loop(self, probe: Probe, thread: ProbeThread) -> None:
         delay_s = self._period_s
         while True:
             self._readings_started += 1
             try:
-                with anyio.fail_after(self._timeout_s):
-                    sample = await anyio.to_thread.run_sync(probe.sample, limiter=limiter, abandon_on_cancel=True)
-                if not isinstance(sample, MemorySample):
-                    raise TypeError(f"probe.sample() returned {type(sample).__name__}, not a MemorySample")
-            except TimeoutError:
-                self._on_error(f"probe.sample() did not answer within {self._timeout_s} s")
+                sample = check_sample(await thread.call(probe.sample, self._timeout_s))
+            except (TimeoutError, ProbeHung) as exc:
+                self._on_error(f"probe.sample() {_hang_message(exc, self._timeout_s)}")
                 delay_s = min(MAX_BACKOFF_S, delay_s * 2)
             except Exception as exc:
                 self._on_error(f"probe.sample() failed: {exc!r}")
                 delay_s = min(MAX_BACKOFF_S, delay_s * 2)
             else:
-                self._on_sample(sample)
-                delay_s = self._period_s
+                delay_s = self._period_s if self._use(sample) else min(MAX_BACKOFF_S, delay_s * 2)
             self._readings_done = self._readings_started
             self._reading_tried()
-            with anyio.move_on_after(delay_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
+            await self._pause(delay_s)
+
+    def _use(self, sample: MemorySample) -> bool:
+        try:
+            self._on_sample(sample)
+        except Exception as exc:  # a bug of ours, or a reading no check foresaw: never the end of the loop
+            logger.exception("adaptive_gate: handling a probe reading failed")
+            self._on_error(f"handling the reading {sample!r} failed: {exc!r}")
+            return False
+        return True
+
+    async def _pause(self, delay_s: float) -> float:
+        with anyio.move_on_after(delay_s):
+            await self._wake.wait()
+        self._wake = anyio.Event()
+        return delay_s
+
+
+def _hang_message(exc: Exception, timeout_s: float) -> str:
+    message = f"did not answer within {timeout_s} s"
+    if isinstance(exc, ProbeHung):
+        message += f" and has not returned after {exc.hung_s:.1f} s (no other call starts until it does)"
+    return message
 
 
 class Monitor(BackgroundLoop):

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+__all__ = ["MAX_BYTES", "MemorySample", "check_sample"]
+
+# No device holds an exabyte; a larger figure is a probe's mistake, and would overflow float arithmetic.
+MAX_BYTES = 2**60
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,45 @@ class MemorySample:
     process_count: int | None = None
 
     def __post_init__(self) -> None:
+        # A probe is code we do not control: a reading it makes up (NaN, negative, more used than
+        # the card has, a count that is not a count) must fail here, where the sampler counts it as
+        # a probe error, and never reach the arithmetic of the controller or the status.
+        for name in ("used_bytes", "total_bytes"):
+            object.__setattr__(self, name, _byte_count(name, getattr(self, name)))
+        for name in ("oom_count", "allocated_bytes", "reserved_bytes", "process_count"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _byte_count(name, value))
         if self.total_bytes <= 0:
             raise ValueError(f"total_bytes must be > 0, got {self.total_bytes}")
-        if self.used_bytes < 0:
-            raise ValueError(f"used_bytes must be >= 0, got {self.used_bytes}")
+        if self.used_bytes > self.total_bytes:
+            raise ValueError(f"used_bytes ({self.used_bytes}) must not exceed total_bytes ({self.total_bytes})")
 
     @property
     def utilisation(self) -> float:
         return self.used_bytes / self.total_bytes
+
+
+def _byte_count(name: str, value: object) -> int:
+    """A whole, non-negative, plausible number; an integral float (some bindings return them) is taken."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != math.floor(value):
+            raise ValueError(f"{name} must be a whole number of bytes or events, got {value!r}")
+        value = int(value)
+    if not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{name} must be in [0, 2**60], got {value}")
+    return int(value)
+
+
+def check_sample(sample: object) -> MemorySample:
+    """The reading as the gate may use it, or TypeError/ValueError saying what is wrong with it.
+
+    Construction checks a `MemorySample` already; this checks again for what a probe hands over,
+    which need not have been constructed (a subclass, a copy with its fields replaced in place).
+    """
+    if not isinstance(sample, MemorySample):
+        raise TypeError(f"probe.sample() returned {type(sample).__name__}, not a MemorySample")
+    MemorySample.__post_init__(sample)
+    return sample

@@ -28,7 +28,7 @@ QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 BOUNDS = ("controller", "memory_cap", "max_limit", "operator")
-REJECT_REASONS = ("queue_full", "deadline", "oom")
+REJECT_REASONS = ("queue_full", "deadline", "oom", "too_large")
 
 
 def available() -> bool:
@@ -107,8 +107,12 @@ def _families(status: dict[str, Any]) -> Iterator[Metric]:
             "completed": counters["completed"],
             "failed": counters["failed"],
             "oom": counters["admitted_ooms"],
-            "rejected": counters["rejected"] - counters["rejected_by_reason"].get("oom", 0),
+            # OOM answers went to admitted requests, counted under "oom" already.
+            "rejected": counters["rejected"]
+            - counters["rejected_by_reason"].get("oom", 0)
+            - counters["rejected_by_reason"].get("too_large", 0),
             "left_queue": counters["left_queue"],
+            "bad_body": counters["body_timeouts"] + counters["bodies_too_large"],
         },
     )
     reasons = {reason: 0 for reason in REJECT_REASONS} | counters["rejected_by_reason"]

@@ -27,10 +27,11 @@ import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import metrics as _metrics
+from ._body import Body, BodyBudget, ReadOutcome, announced_length, read_body
 from ._checks import check_int, check_seconds
 from ._endpoints import Endpoints, check_token, send_json
 from ._operator import OperatorBounds, parse_limits
-from ._routes import GatedRoute, RouteTable, normalise_tag, route_path
+from ._routes import GatedRoute, RouteTable, check_tags, route_path
 from ._sampler import Monitor, Sampler
 from ._version import __version__
 from ._watch import Watch
@@ -48,18 +49,36 @@ __all__ = ["AdaptiveGate"]
 logger = logging.getLogger("adaptive_gate")
 
 DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
-MAX_BUFFERED_BODY_BYTES = 1 << 20
+MAX_QUEUE = 1 << 16  # a bigger queue only holds requests past any deadline a client keeps
+MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
 MONITOR_PERIOD_S = 0.1
 PROBE_BROKEN_AFTER_ERRORS = 3  # readiness fails after this many failed readings in a row
 HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
 FIRST_READING_WAIT_S = 2.0  # plus probe_timeout: how long start-up waits for the first reading
+CLOSE = [(b"connection", b"close")]
+
+
+class ClientNotReading(Exception):
+    """A send to the client did not complete within `send_timeout`: the response is abandoned."""
+
+
+def check_health_paths(health_paths: object) -> frozenset[str]:
+    if isinstance(health_paths, str) or not isinstance(health_paths, tuple | list | set | frozenset):
+        raise TypeError(f"health_paths must be a tuple of paths such as ('/healthz',), got {health_paths!r}")
+    for path in health_paths:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"health_paths must be paths starting with '/', such as '/healthz'; got {path!r}")
+    return frozenset(health_paths)
 
 
 class _Slot:
     """One admitted request's hold on the limiter; given back exactly once, whatever happens."""
 
-    __slots__ = ("gate", "route", "admitted_s", "busy_area_at_admission", "epoch", "released", "informative", "oom")
+    __slots__ = (
+        "gate", "route", "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
+        "informative", "oom",
+    )  # fmt: skip
 
     def __init__(self, gate: AdaptiveGate, route: GatedRoute, epoch: int) -> None:
         self.gate = gate
@@ -67,6 +86,9 @@ class _Slot:
         self.admitted_s = time.monotonic()
         self.busy_area_at_admission = gate.limiter.busy_area()
         self.epoch = epoch
+        # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
+        self.serial = gate.counters.admitted
+        self.alone_at_admission = gate.limiter.in_flight == 1
         self.released = False
         # A 4xx/5xx answer says nothing about capacity: it gives the controller no latency sample.
         self.informative = True
@@ -111,14 +133,22 @@ class AdaptiveGate:
         health_paths: tuple[str, ...] = HEALTH_PATHS,
         workers: int | None = None,
         diagnostics: Diagnostics | None = None,
+        max_body_bytes: int = 32 << 20,
+        max_buffered_bytes: int = 256 << 20,
+        body_timeout: float = 30.0,
+        send_timeout: float = 30.0,
     ) -> None:
         self.app = app
-        self.tag = None if tag is None else normalise_tag(tag)
+        self.tags = check_tags(tag)
         self.min_limit = check_int("min_limit", min_limit, 1)
         self.max_limit = check_int("max_limit", max_limit, self.min_limit)
         if initial_limit is not None:
             check_int("initial_limit", initial_limit, self.min_limit, self.max_limit)
-        check_int("max_queue", max_queue, 0)
+        check_int("max_queue", max_queue, 0, MAX_QUEUE)
+        self.max_body_bytes = check_int("max_body_bytes", max_body_bytes, 0)
+        self._body_budget = BodyBudget(check_int("max_buffered_bytes", max_buffered_bytes, self.max_body_bytes))
+        self.body_timeout_s = check_seconds("body_timeout", body_timeout, allow_zero=False)
+        self.send_timeout_s = check_seconds("send_timeout", send_timeout, allow_zero=False)
         self.queue_timeout_s = check_seconds("queue_timeout", queue_timeout)
         if reject_status not in (429, 503):
             raise ValueError(f"reject_status must be 503 or 429, got {reject_status!r}")
@@ -137,9 +167,7 @@ class AdaptiveGate:
             admin_token=check_token(admin_token),
             unprotected=unprotected,
         )
-        if isinstance(health_paths, str) or not all(isinstance(p, str) for p in health_paths):
-            raise TypeError(f"health_paths must be a tuple of paths, got {health_paths!r}")
-        self.health_paths = frozenset(health_paths)
+        self.health_paths = check_health_paths(health_paths)
         if workers is not None:
             check_int("workers", workers, 1)
         self._probe_option = self._check_probe(probe)
@@ -157,7 +185,7 @@ class AdaptiveGate:
         self.service_s = RecentValues()
         self.limit_changes: deque[LimitChange] = deque(maxlen=32)
         self.probe_state = ProbeState(description="not started")
-        self._routes = RouteTable(self.tag)
+        self._routes = RouteTable(self.tags, fallback_app=app)
         self._sampler: Sampler | None = None
         self._sampler_task: asyncio.Task[None] | None = None
         self._ooms_from_errors = 0
@@ -169,6 +197,10 @@ class AdaptiveGate:
         self._oom_logged_epoch = -1
 
         self.operator: OperatorBounds | None = None
+        if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+            raise TypeError(
+                f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
+            )
         self.diagnostics = diagnostics if diagnostics is not None else Diagnostics()
         self.watch = Watch(self.diagnostics, period_s=MONITOR_PERIOD_S)
         self._monitor: Monitor | None = None
@@ -210,11 +242,17 @@ class AdaptiveGate:
 
     async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
         arrived_s = time.monotonic()
-        if not self.limiter.try_acquire():
-            waited = await self._wait_for_slot(scope, receive, send)
-            if waited is None:
-                return
-            receive = waited
+        deadline_s = self._deadline_s(scope)
+        body = await self._read_body(scope, receive, send, deadline_s)
+        if body is None:
+            return
+        try:
+            if not self.limiter.try_acquire():
+                waited_s = time.monotonic() - arrived_s
+                if not await self._wait_for_slot(body, send, deadline_s - waited_s):
+                    return
+        finally:  # admitted or gone: the queue no longer holds these bytes
+            self._body_budget.give_back(body.nbytes)
         self.counters.admitted += 1
         waited_s = time.monotonic() - arrived_s
         self.queue_wait_s.add(waited_s)
@@ -223,65 +261,116 @@ class AdaptiveGate:
         slot = _Slot(self, route, self.controller.epoch)
         if route.is_async:  # only async routes can stall the loop: only they are watched
             self.watch.started(slot, route)
+        await self._run_in_slot(slot, scope, body.receive, send)
+
+    async def _run_in_slot(self, slot: _Slot, scope: Scope, receive: Receive, send: Send) -> None:
         response_started = False
+        send_timeout_s = self.send_timeout_s
 
         async def send_and_release(message: Message) -> None:
             nonlocal response_started
-            if message["type"] == "http.response.start":
+            message_type = message["type"]
+            if message_type == "http.response.start":
                 response_started = True
                 slot.informative = message["status"] < 400
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with anyio.move_on_after(send_timeout_s) as scope_:
+                await send(message)
+            if scope_.cancelled_caught:
+                # The client reads nothing: the slot is for GPU work, not for waiting on a socket.
+                slot.release(success=False)
+                raise ClientNotReading(f"the client read nothing for {send_timeout_s} s; the response was abandoned")
+            if message_type == "http.response.pathsend" or (
+                message_type == "http.response.body" and not message.get("more_body", False)
+            ):
                 slot.release(success=slot.informative)
 
-        out_of_memory = False
+        out_of_memory = alone = False
         try:
             await self.app(scope, receive, send_and_release)
         except Exception as exc:
+            if isinstance(exc, ClientNotReading):
+                logger.info("adaptive_gate: %s %s: %s", scope["method"], scope["path"], exc)
+                return  # the response is cut short; the server closes the connection
             if not is_oom(exc):
                 self.counters.errors += 1
                 raise
             slot.oom = True
-            self._record_oom(slot.epoch)
+            # Out of memory while it ran alone from start to end: its own size, not congestion.
+            alone = slot.alone_at_admission and slot.serial == self.counters.admitted and self.limiter.in_flight == 1
+            self._record_oom(slot.epoch, alone=alone)
             if response_started:
                 raise  # mid-stream: the status line is gone, the server must close the connection
             out_of_memory = True
         finally:
             slot.release(success=False)
         if out_of_memory:
-            self._log_oom(slot, scope)
-            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+            self._log_oom(slot, scope, alone=alone)
+            if alone:
+                await self._reject(send, "too_large", "this request ran out of GPU memory while it ran alone: it is "
+                                   "too large for the card as the card is now; send a smaller input")  # fmt: skip
+            else:
+                await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
 
-    def _log_oom(self, slot: _Slot, scope: Scope) -> None:
+    def _log_oom(self, slot: _Slot, scope: Scope, *, alone: bool) -> None:
         # One line per congestion event, not per request: a burst of OOMs is one story.
-        level = logging.WARNING if slot.epoch > self._oom_logged_epoch else logging.DEBUG
+        level = logging.WARNING if slot.epoch > self._oom_logged_epoch or alone else logging.DEBUG
         self._oom_logged_epoch = max(self._oom_logged_epoch, slot.epoch)
         logger.log(
             level,
-            "adaptive_gate: out of memory in %s %s with %d in flight, answered %d; limit now %d",
+            "adaptive_gate: out of memory in %s %s with %d in flight, answered %d; limit now %d%s",
             scope["method"],
             scope["path"],
             self.limiter.in_flight + 1,
             self.reject_status,
             self.limiter.limit,
+            " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
         )
 
-    async def _wait_for_slot(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """Queue for a slot. Returns the `receive` the app must use, or None when already answered."""
-        timeout_s = self._deadline_s(scope)
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send, deadline_s: float) -> Body | None:
+        """The whole body, before the request may take a slot; None when already answered."""
+        length = announced_length(scope)
+        if length is not None and length > self.max_body_bytes:
+            await self._refuse_body(send, ReadOutcome.TOO_LARGE)
+            return None
+        timeout_s = min(self.body_timeout_s, max(deadline_s, MIN_BODY_READ_S))
+        body = await read_body(
+            receive, max_body_bytes=self.max_body_bytes, budget=self._body_budget, timeout_s=timeout_s
+        )
+        if body.outcome is ReadOutcome.COMPLETE:
+            return body
+        if body.outcome is ReadOutcome.DISCONNECTED:
+            self.counters.left_queue += 1
+        elif body.outcome is ReadOutcome.BUFFER_FULL:
+            await self._reject(send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer")
+        else:
+            await self._refuse_body(send, body.outcome)
+        return None
+
+    async def _refuse_body(self, send: Send, outcome: ReadOutcome) -> None:
+        """413 or 408: the client's own doing, no capacity answer (no Retry-After, not `rejected`)."""
+        if outcome is ReadOutcome.TOO_LARGE:
+            self.counters.bodies_too_large += 1
+            detail = f"the request body is over max_body_bytes ({self.max_body_bytes} bytes)"
+            await send_json(send, 413, {"detail": detail, "reason": "body_too_large"}, headers=CLOSE)
+        else:
+            self.counters.body_timeouts += 1
+            detail = "the request body did not arrive within the body timeout (or the request's deadline)"
+            await send_json(send, 408, {"detail": detail, "reason": "body_timeout"}, headers=CLOSE)
+
+    async def _wait_for_slot(self, body: Body, send: Send, timeout_s: float) -> bool:
+        """Queue for a slot, the body already read. True when admitted; False when already answered."""
         if self.limiter.queued >= self.limiter.max_queue:
             await self._reject(send, "queue_full", "too many requests are waiting for the GPU")
-            return None
+            return False
         estimate_s = self._estimated_wait_s(self.limiter.queued)
         if estimate_s is not None and estimate_s > timeout_s:
             await self._reject(send, "deadline", "the expected wait is longer than the request's deadline")
-            return None
+            return False
 
-        listener = _QueueListener(receive)
         outcome = "cancelled"
         try:
             async with anyio.create_task_group() as task_group:
-                task_group.start_soon(listener.listen, task_group.cancel_scope)
+                task_group.start_soon(body.wait_for_disconnect, task_group.cancel_scope)
                 try:
                     await self.limiter.acquire(timeout_s)
                     outcome = "granted"
@@ -296,33 +385,31 @@ class AdaptiveGate:
             if outcome == "granted":
                 self.limiter.release()
             raise
-        if listener.disconnected:
+        if body.outcome is ReadOutcome.DISCONNECTED:
             # The client left while waiting: the cancelled wait gave its place (or slot) back. If
             # the slot came in the same instant, it is ours, and goes back here.
             if outcome == "granted":
                 self.limiter.release()
             self.counters.left_queue += 1
-            return None
+            return False
         if outcome == "timeout":
             self.counters.timed_out += 1
             await self._reject(send, "deadline", "no GPU slot became free before the request's deadline")
-            return None
+            return False
         if outcome == "queue_full":
             await self._reject(send, "queue_full", "too many requests are waiting for the GPU")
-            return None
-        return listener.replay
+            return False
+        return True
 
     def _deadline_s(self, scope: Scope) -> float:
         """Seconds this request may wait: `queue_timeout`, or sooner if the proxy says so."""
         for name, value in scope["headers"]:
             if name == DEADLINE_HEADER:
-                try:
-                    client_s = int(value) / 1000
-                except ValueError:
-                    break  # malformed: ignored, never a 500
-                if client_s >= 0:
-                    return min(self.queue_timeout_s, client_s)
-                break
+                # Digits only (int() takes "1_000" and " 5"); more than 12 of them is past any
+                # timeout we keep, and would overflow the float division.
+                if value.isdigit():
+                    return self.queue_timeout_s if len(value) > 12 else min(self.queue_timeout_s, int(value) / 1000)
+                break  # malformed: ignored, never a 500
         return self.queue_timeout_s
 
     # -- bookkeeping on the event loop ----------------------------------------------------------
@@ -353,9 +440,11 @@ class AdaptiveGate:
         self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
         self._apply_limit()
 
-    def _record_oom(self, epoch: int) -> None:
+    def _record_oom(self, epoch: int, *, alone: bool) -> None:
         self._count_ooms(1)
         self._ooms_from_errors += 1
+        if alone:
+            return  # one request that does not fit even alone: cutting would only starve the others
         self.controller.on_oom(now_s=time.monotonic(), epoch=epoch, in_flight=self.limiter.in_flight)
         self._apply_limit()
 
@@ -467,11 +556,15 @@ class AdaptiveGate:
             changes=self.limit_changes,
             controller=controller,
             options={
-                "tag": self.tag,
+                "tag": None if self.tags is None else (min(self.tags) if len(self.tags) == 1 else sorted(self.tags)),
                 "min_limit": self.min_limit,
                 "max_limit": self.max_limit,
                 "max_queue": self.limiter.max_queue,
                 "queue_timeout_s": self.queue_timeout_s,
+                "max_body_bytes": self.max_body_bytes,
+                "max_buffered_bytes": self._body_budget.max_bytes,
+                "body_timeout_s": self.body_timeout_s,
+                "send_timeout_s": self.send_timeout_s,
                 "reject_status": self.reject_status,
                 "max_retry_after_s": self.max_retry_after_s,
                 "sample_period_s": self.sample_period_s,
@@ -485,7 +578,7 @@ class AdaptiveGate:
                 "version": __version__,
                 "bound": bound,
                 "operator": None if self.operator is None else self.operator.describe(),
-                "ready": {"ready": ready, "reasons": not_ready},
+                "ready": {"ready": ready, "reasons": not_ready, "degraded": self.degraded()},
                 "workers": {"count": workers, "source": workers_source, "pid": os.getpid()},
                 "loop_lag_s": round(self.watch.loop_lag_s, 4),
                 "findings": self.diagnostics.findings(),
@@ -506,13 +599,25 @@ class AdaptiveGate:
         }
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """Whether to send this replica traffic now, and if not, why."""
+        """Whether to send this replica traffic now, and if not, why.
+
+        Only a full queue makes a replica unready. A broken probe does not: an NVML outage hits
+        every replica at once, and taking them all out of rotation would turn a blind gate (which
+        still serves on OOM and latency signals) into no service at all. It shows in `degraded`.
+        """
         reasons = []
         if self.limiter.queued >= self.limiter.max_queue and self.limiter.in_flight >= self.limiter.limit:
             reasons.append(f"the queue is full ({self.limiter.queued} waiting)")
-        if self.probe_state.consecutive_errors >= PROBE_BROKEN_AFTER_ERRORS:
-            reasons.append(f"the memory probe failed {self.probe_state.consecutive_errors} times in a row")
         return not reasons, reasons
+
+    def degraded(self) -> list[str]:
+        """What the gate serves without, while it still serves: said beside readiness, never instead of it."""
+        if self.probe_state.consecutive_errors >= PROBE_BROKEN_AFTER_ERRORS:
+            return [
+                f"the memory probe failed {self.probe_state.consecutive_errors} times in a row; "
+                "serving on OOM and latency signals"
+            ]
+        return []
 
     def operator_limits(self) -> dict[str, Any]:
         return {
@@ -662,29 +767,3 @@ def _on_asyncio() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-class _QueueListener:
-    """Reads `receive()` while a request waits: notices a disconnect, keeps the body for the app."""
-
-    def __init__(self, receive: Receive) -> None:
-        self._receive = receive
-        self._buffered: deque[Message] = deque()
-        self.disconnected = False
-
-    async def listen(self, cancel_scope: anyio.CancelScope) -> None:
-        buffered_bytes = 0
-        while buffered_bytes <= MAX_BUFFERED_BODY_BYTES:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                self.disconnected = True
-                cancel_scope.cancel()
-                return
-            self._buffered.append(message)
-            buffered_bytes += len(message.get("body", b""))
-        # Past the bound we stop reading: the transport's flow control holds the rest back.
-
-    async def replay(self) -> Message:
-        if self._buffered:
-            return self._buffered.popleft()
-        return await self._receive()

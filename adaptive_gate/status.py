@@ -34,7 +34,8 @@ class Counters:
     an exception, a cancellation) or `admitted_ooms` (it ran out of memory). `rejected` counts
     every 503/429 answer, the OOM answers among them; `timed_out` is the deadline part of it.
     `ooms` adds the OOMs that the application caught itself, seen through the probe. `errors`
-    counts exceptions other than OOMs.
+    counts exceptions other than OOMs. Requests never admitted end as `rejected`, `left_queue`
+    (the client left before a slot), `body_timeouts` (408) or `bodies_too_large` (413).
     """
 
     admitted: int = 0
@@ -46,6 +47,8 @@ class Counters:
     ooms: int = 0
     errors: int = 0
     left_queue: int = 0
+    body_timeouts: int = 0
+    bodies_too_large: int = 0
     limit_increases: int = 0
     limit_decreases: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
@@ -216,4 +219,5 @@ def status_document(
 
 
 def render_json(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":"), default=str).encode()
+    # allow_nan=False: NaN is not JSON; a reading that carries one is refused before it gets here.
+    return json.dumps(document, separators=(",", ":"), default=str, allow_nan=False).encode()

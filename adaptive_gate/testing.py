@@ -121,7 +121,9 @@ class SimulatedGPU:
 
     def sample(self) -> MemorySample:
         with self._lock:
-            return MemorySample(self._used_bytes + self._neighbour_bytes, self.total_bytes, self._oom_count)
+            # A neighbour set larger than the room left takes what there is, as a real one would.
+            used_bytes = min(self.total_bytes, self._used_bytes + self._neighbour_bytes)
+            return MemorySample(used_bytes, self.total_bytes, self._oom_count)
 
     def allocate(self, nbytes: int) -> Allocation:
         """`with gpu.allocate(n): ...` holds n bytes for the block; raises an OOM if they don't fit."""

@@ -225,15 +225,52 @@ def _chained() -> BaseException:
     ],
 )
 async def test_oom_becomes_503_and_cuts_the_limit(error: BaseException) -> None:
-    app = oom_app(error, initial_limit=8)
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, initial_limit=8)
+    both_in = anyio.Event()
+    entered = 0
+
+    @app.post("/infer", tags=["gpu"])
+    async def infer() -> None:
+        nonlocal entered
+        entered += 1
+        if entered == 2:
+            both_in.set()
+        await both_in.wait()  # two ran at once when memory ran out: congestion
+        raise error
+
     async with client_for(app) as client:
-        response = await client.post("/infer")
+        responses = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(lambda: _append(responses, client.post("/infer")))
     gate = find_gate(app)
-    assert response.status_code == 503 and response.json()["reason"] == "oom"
-    assert int(response.headers["retry-after"]) >= 1
-    assert gate.counters.ooms == 1 and gate.limiter.in_flight == 0
-    assert gate.limiter.limit == 1  # it ran out of memory alone: fewer than one more than that at once
+    assert [r.status_code for r in responses] == [503, 503]
+    assert [r.json()["reason"] for r in responses] == ["oom", "oom"]
+    assert all(int(r.headers["retry-after"]) >= 1 for r in responses)
+    assert gate.counters.ooms == 2 and gate.limiter.in_flight == 0
+    assert gate.limiter.limit == 1  # ran out of memory with two: fewer than that at once, cut once
+    assert gate.controller.epoch == 1
     assert gate.limit_changes[-1].reason == "out of memory"
+
+
+async def _append(responses: list[httpx.Response], request: Any) -> None:
+    responses.append(await request)
+
+
+async def test_a_request_that_runs_out_of_memory_alone_does_not_cut_the_limit() -> None:
+    """An attack from issue 15: a request too large for the card, sent again and again, must not
+    drive the limit that everyone else runs under down to 1."""
+    app = oom_app(OutOfMemoryError("CUDA out of memory. Tried to allocate 30.00 GiB"), initial_limit=3)
+    async with client_for(app) as client:
+        responses = [await client.post("/infer") for _ in range(5)]
+    gate = find_gate(app)
+    assert {r.status_code for r in responses} == {503}
+    assert {r.json()["reason"] for r in responses} == {"too_large"}
+    assert "too large for the card" in responses[0].json()["detail"]
+    assert gate.counters.ooms == 5 and gate.counters.admitted_ooms == 5
+    assert gate.limiter.limit == 3 and gate.controller.epoch == 0
+    assert gate.counters.rejected_by_reason == {"too_large": 5}
 
 
 async def test_other_errors_propagate_and_free_the_slot() -> None:
@@ -363,7 +400,17 @@ async def test_status_path_can_move_or_go() -> None:
         ({"min_limit": 0}, ValueError, "min_limit must be >= 1"),
         ({"min_limit": 4, "max_limit": 2}, ValueError, "max_limit must be >= 4"),
         ({"max_limit": 8, "initial_limit": 9}, ValueError, r"initial_limit must be in \[1, 8\]"),
-        ({"max_queue": -1}, ValueError, "max_queue must be >= 0"),
+        ({"max_queue": -1}, ValueError, r"max_queue must be in \[0, 65536\], got -1"),
+        ({"max_queue": 10**12}, ValueError, r"max_queue must be in \[0, 65536\]"),
+        ({"diagnostics": "x"}, TypeError, "diagnostics must be an adaptive_gate.diagnostics.Diagnostics"),
+        ({"health_paths": ["health"]}, ValueError, "health_paths must be paths starting with '/'"),
+        ({"health_paths": "/healthz"}, TypeError, "health_paths must be a tuple of paths"),
+        ({"tag": 7}, TypeError, 'tag must be a str such as "gpu", a list of them, or None'),
+        ({"tag": []}, TypeError, "tag must be a str"),
+        ({"max_body_bytes": -1}, ValueError, "max_body_bytes must be >= 0"),
+        ({"max_buffered_bytes": 1, "max_body_bytes": 2}, ValueError, "max_buffered_bytes must be >= 2"),
+        ({"body_timeout": 0}, ValueError, "body_timeout must be > 0"),
+        ({"send_timeout": "5"}, TypeError, "send_timeout must be a number"),
         ({"queue_timeout": -1}, ValueError, "queue_timeout must be >= 0"),
         ({"queue_timeout": "30"}, TypeError, "queue_timeout must be a number"),
         ({"max_limit": 2.5}, TypeError, "max_limit must be an int"),
