@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from fastapi import FastAPI, File, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 from adaptive_gate import AdaptiveGate
-from adaptive_gate.probes import Probe
+from adaptive_gate.probes import Probe, auto_probe
 from adaptive_gate.testing import SimulatedGPU
 
 from .inference import BadImage, Classifier, decode_image, load_classifier
@@ -59,6 +58,32 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device; plain `cuda` means the current one.
+
+    `set_per_process_memory_fraction` and the probes need an index, and `torch.device("cuda")` has
+    none: passing it raised "Expected a torch.device with a specified index" at start-up.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"{device} is not a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def cuda_probe(device: torch.device, vram_fraction: float | None) -> Probe | None:
+    """Cap PyTorch at `vram_fraction` of the card where one is given; the probe that watches it.
+
+    The demo's routes catch no OOM, so every one reaches the gate as an error; the allocator's
+    `num_ooms` would add only those cuDNN catches itself while it looks for a workspace that fits,
+    on requests that succeed. So the probes leave the count out (`count_ooms=False`).
+    """
+    index = cuda_index(device)
+    if vram_fraction is None:
+        return auto_probe(index, count_ooms=False)[0]
+    probe = FractionProbe(index, vram_fraction)  # checks the fraction first
+    torch.cuda.set_per_process_memory_fraction(vram_fraction, index)
+    return probe
+
+
 def read_labels(path: Path | None, architecture: str) -> list[str]:
     if path is None:
         return default_labels(architecture)
@@ -74,14 +99,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     device = resolve_device(settings.device)
     labels = read_labels(settings.labels, settings.architecture)
     gpu: SimulatedGPU | None = None
-    probe: Probe | str = "auto"
+    probe: Probe | str | None = "auto"
     if device.type == "cuda":
-        # Less fragmentation under varied input sizes; the user's own setting wins.
-        if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        if settings.vram_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(settings.vram_fraction, device)
-            probe = FractionProbe(device.index or 0, settings.vram_fraction)
+        probe = cuda_probe(device, settings.vram_fraction)
     else:
         gpu = SimulatedGPU(settings.simulated_vram_bytes)
         probe = gpu
