@@ -94,8 +94,10 @@ class ProbeThread:
         self._calls.put(run)
         with anyio.fail_after(timeout_s):
             await outcome.done.wait()
-        if outcome.error is not None:
+        if isinstance(outcome.error, Exception):
             raise outcome.error
+        if outcome.error is not None:  # SystemExit or KeyboardInterrupt from a probe ends nothing of ours
+            raise RuntimeError(f"the probe raised {outcome.error!r}")
         return outcome.value  # type: ignore[return-value]
 
 
@@ -193,6 +195,9 @@ class Sampler(BackgroundLoop):
                 break
             else:
                 break
+            # Counts as a reading tried: start-up does not wait on a probe that cannot start.
+            self._readings_started += 1
+            self._readings_done = self._readings_started
             self._reading_tried()
             delay_s = await self._pause(min(MAX_BACKOFF_S, delay_s * 2))
         self._on_probe(probe, description)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import httpx
+import uvicorn
 
 
 def free_port() -> int:
@@ -29,3 +34,32 @@ def wait_until_healthy(
         assert process.poll() is None, f"{what} exited during start-up"
         assert time.monotonic() < deadline, f"{what} did not start within {timeout_s} s"
         time.sleep(0.2)
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread on a free loopback port; stop it cleanly afterwards."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
