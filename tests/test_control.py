@@ -104,7 +104,7 @@ def test_oom_ceiling_holds_then_lets_the_limit_probe_again() -> None:
 
 
 def test_high_watermark_cuts_gently_and_stops_growth() -> None:
-    c = AIMD(knee_gain=0, pressure_cooldown_s=1.0, target_utilisation=1.0)
+    c = AIMD(knee_gain=0, pressure_cooldown_s=1.0, memory=MemoryModel(target_utilisation=1.0))
     bound(c, initial=10)
     c.on_sample(now_s=-0.1, sample=MemorySample(int(0.9 * TOTAL), TOTAL), in_flight=0)  # the sampler starts idle
     c.on_sample(now_s=0, sample=MemorySample(int(0.99 * TOTAL), TOTAL), in_flight=10)
@@ -201,16 +201,32 @@ def test_a_controller_serves_one_gate() -> None:
         ({"oom_backoff": 1.0}, "oom_backoff"),
         ({"pressure_backoff": 0}, "pressure_backoff"),
         ({"high_watermark": 1.5}, "high_watermark"),
-        ({"target_utilisation": 0}, "target_utilisation"),
         ({"increase_step": 0}, "increase_step"),
         ({"knee_gain": 2}, "knee_gain"),
-        ({"memory_halflife_s": 0}, "halflife_s"),
         ({"oom_hold_s": 700}, "oom_hold_s"),
     ],
 )
 def test_bad_knobs(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         AIMD(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"target_utilisation": 0}, "target_utilisation"), ({"halflife_s": 0}, "halflife_s"), ({"window": 2}, "window")],
+)
+def test_bad_memory_knobs(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MemoryModel(**kwargs)  # type: ignore[arg-type]
+
+
+def test_aimd_takes_a_memory_model_not_its_knobs() -> None:
+    model = MemoryModel(target_utilisation=0.9)
+    assert AIMD(memory=model).memory is model
+    with pytest.raises(TypeError, match="memory must be an adaptive_gate.memory_model.MemoryModel"):
+        AIMD(memory=0.9)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        AIMD(target_utilisation=0.9)  # type: ignore[call-arg]
 
 
 def test_latency_brake_stops_at_the_knee() -> None:

@@ -19,6 +19,7 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from adaptive_gate import AIMD, AdaptiveGate
+from adaptive_gate.memory_model import MemoryModel
 from adaptive_gate.simulation import Phase, SimulationResult, simulate
 from adaptive_gate.testing import SimulatedGPU
 
@@ -109,7 +110,7 @@ def classic_app(gpu: SimulatedGPU, request_bytes: list[int]) -> FastAPI:
     # server and this "GPU" share the test machine's cores, and on a busy machine more concurrency
     # rightly buys nothing, so the brake would stop growth there (seen under load). These tests are about
     # memory; the brake is tested on virtual time.
-    controller = AIMD(memory_halflife_s=1.0, oom_hold_s=6.0, knee_gain=0.0)
+    controller = AIMD(memory=MemoryModel(halflife_s=1.0), oom_hold_s=6.0, knee_gain=0.0)
     app = FastAPI()
     app.add_middleware(
         AdaptiveGate, probe=gpu, controller=controller, sample_period=0.01, queue_timeout=10, max_queue=256

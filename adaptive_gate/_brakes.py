@@ -1,0 +1,118 @@
+"""Two things that stop AIMD from growing, each a small state machine with the time passed in.
+
+* `OomHold`: after an out-of-memory error with N requests in flight, N is not tried again for a
+  while, doubling at each repeat. Where memory cannot be measured, this is what stops AIMD from
+  paying an OOM on every probe of a known-bad limit.
+* `KneeBrake`: latency as a brake, never the overload signal. When one more concurrent request no
+  longer buys `knee_gain` of the ideal throughput gain, window after window, growth stops there for
+  a while, and the step that got there is taken back.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+__all__ = ["KNEE_STRIKES", "KneeBrake", "KneeVerdict", "OomHold"]
+
+# Windows in a row that must show the throughput knee before the brake acts: one slow window (a
+# warm-up, a pause of the event loop) is not a knee.
+KNEE_STRIKES = 3
+
+
+class OomHold:
+    """The fewest in flight that ran out of memory lately, and until when to stay below it."""
+
+    def __init__(self, *, hold_s: float, max_hold_s: float) -> None:
+        if not 0 <= hold_s <= max_hold_s:
+            raise ValueError(f"need 0 <= oom_hold_s <= max_oom_hold_s, got {hold_s} and {max_hold_s}")
+        self.hold_s = float(hold_s)
+        self.max_hold_s = float(max_hold_s)
+        self.ceiling: int | None = None
+        self._until_s = -math.inf
+        self._hold_now_s = self.hold_s
+        self._last_oom_s = -math.inf
+
+    def record(self, now_s: float, ran_out_at: int) -> None:
+        """Memory ran out with `ran_out_at` requests in flight."""
+        if now_s - self._last_oom_s > self.max_hold_s:
+            self.ceiling, self._hold_now_s = None, self.hold_s  # a long quiet spell: forget it
+        if self.ceiling is not None and ran_out_at >= self.ceiling:
+            self._hold_now_s = min(self.max_hold_s, self._hold_now_s * 2)  # a known-bad level, again
+        else:
+            self.ceiling, self._hold_now_s = ran_out_at, self.hold_s
+        self._last_oom_s = now_s
+        self._until_s = now_s + self._hold_now_s
+
+    def bars(self, level: int, now_s: float) -> bool:
+        return self.ceiling is not None and level >= self.ceiling and now_s < self._until_s
+
+
+class KneeVerdict(Enum):
+    GROW = "grow"
+    WAIT = "wait"  # not enough recent latency, or one window's evidence only: judge again later
+    BRAKE = "brake"  # past the knee window after window: stop growing here (and step back if grown here)
+
+
+class KneeBrake:
+    """Latency at each (mean) concurrency, and the limit above which growth bought nothing lately."""
+
+    def __init__(self, *, knee_gain: float, memory_s: float) -> None:
+        if not 0.0 <= knee_gain <= 1.0:
+            raise ValueError(f"knee_gain must be in [0, 1], got {knee_gain}")
+        if memory_s <= 0:
+            raise ValueError(f"knee_memory_s must be > 0, got {memory_s}")
+        self.knee_gain = float(knee_gain)
+        self.memory_s = float(memory_s)
+        self._latency_s_by_concurrency: dict[int, tuple[float, float]] = {}  # -> (EWMA, when last seen)
+        self._ceiling = math.inf
+        self._until_s = -math.inf
+        self._strikes = 0
+
+    def record(self, concurrency: int, latency_s: float, now_s: float) -> None:
+        previous = self._latency_s_by_concurrency.get(concurrency)
+        if previous is None or now_s - previous[1] > self.memory_s:
+            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s)
+        else:
+            self._latency_s_by_concurrency[concurrency] = (previous[0] + 0.2 * (latency_s - previous[0]), now_s)
+
+    def judge(self, limit: int, now_s: float) -> KneeVerdict:
+        """At the end of a growth window at `limit`: grow, wait, or brake here."""
+        past_knee = self._past_knee(limit, now_s)
+        if past_knee is None:
+            return KneeVerdict.WAIT
+        self._strikes = self._strikes + 1 if past_knee else 0
+        if self._strikes >= KNEE_STRIKES:
+            self._strikes = 0
+            self._ceiling, self._until_s = limit, now_s + self.memory_s
+            return KneeVerdict.BRAKE
+        return KneeVerdict.WAIT if past_knee else KneeVerdict.GROW
+
+    def bars(self, level: int, now_s: float) -> bool:
+        return level >= self._ceiling and now_s < self._until_s
+
+    def _recent_latency_s(self, concurrency: int, now_s: float) -> float | None:
+        seen = self._latency_s_by_concurrency.get(concurrency)
+        if seen is None or now_s - seen[1] > self.memory_s:
+            return None
+        return seen[0]
+
+    def _past_knee(self, limit: int, now_s: float) -> bool | None:
+        """Whether running `limit` at once bought less than `knee_gain` of the ideal gain over fewer.
+
+        None when it cannot be told: this many did not run at once lately.
+        """
+        if self.knee_gain <= 0 or limit < 2:
+            return False
+        at_limit_s = self._recent_latency_s(limit, now_s)
+        if at_limit_s is None:
+            return None
+        below = next((c for c in range(limit - 1, 0, -1) if self._recent_latency_s(c, now_s) is not None), None)
+        if below is None or at_limit_s <= 0:
+            return False
+        below_latency_s = self._recent_latency_s(below, now_s) or 0.0
+        if below_latency_s <= 0:
+            return False
+        gain = (limit / at_limit_s) / (below / below_latency_s)
+        ideal = limit / below
+        return gain < 1.0 + self.knee_gain * (ideal - 1.0)

@@ -1,0 +1,200 @@
+"""The memory model: how many requests fit on the card, learned from (in-flight, used) readings.
+
+The manual recipe is "measure used memory with nothing running, then with one request, and take
+the difference". `MemoryModel` does it continuously, and follows a neighbour process, inputs that
+grow and a mix of sizes. Like the controllers it is arithmetic on observations: the time is passed
+in, so the simulator replays it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from ._checks import check_fraction
+
+__all__ = ["BLIND_GROWTH_AFTER_SAMPLES", "MemoryEstimate", "MemoryModel"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    baseline_bytes: float
+    per_request_bytes: float
+    total_bytes: int
+    spread_bytes: float = 0.0
+
+
+# Busy samples after which a model that still has no cap (requests that hold next to nothing on the
+# card) stops holding growth back.
+BLIND_GROWTH_AFTER_SAMPLES = 20
+
+
+class MemoryModel:
+    """Learns the idle baseline and the bytes each request adds, from (in-flight, used) samples.
+
+    The manual recipe is "measure used memory with nothing running, then with one request, and
+    take the difference". Done continuously, two ways:
+
+    * when in-flight varied over the last `window` samples and they lie on one line, a least-squares
+      fit gives both at once (its intercept is the baseline, its slope one request's bytes), from
+      recent data only, so it follows a neighbour process and inputs that grow;
+    * otherwise samples with nothing in flight give the baseline, and every other sample gives
+      `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
+      that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
+      readings the model believes the one that fits fewer requests, until in-flight varies or the
+      card idles. A rise beyond the requests' usual spread is believed ten times faster than a fall
+      (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
+      throughput.
+
+    Requests of different sizes (a mixed workload) are described by a mean and an upward spread
+    (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
+    spread` under target, the sum of n such requests: cautious with the large ones, without planning
+    for the worst of all at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        target_utilisation: float = 0.97,
+        halflife_s: float = 5.0,
+        window: int = 32,
+        min_request_fraction: float = 0.001,
+        spread_z: float = 1.0,
+    ) -> None:
+        self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
+        self.spread_z = spread_z
+        if halflife_s <= 0:
+            raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
+        if window < 4:
+            raise ValueError(f"window must be >= 4 samples, got {window}")
+        self._halflife_s = halflife_s
+        self._min_request_fraction = min_request_fraction
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)
+        self._last_s: float | None = None
+        self._baseline: float | None = None
+        self._per_request: float | None = None
+        self._spread_sq = 0.0  # variance of one request's bytes
+        self._total_bytes = 0
+        self.samples = 0
+        self.busy_samples = 0
+
+    @property
+    def learning(self) -> bool:
+        """Samples flow but the cap is not known yet: growing now would be blind."""
+        return self.samples > 0 and self.estimate() is None and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
+
+    def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
+        elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
+        self._last_s = now_s
+        self._total_bytes = total_bytes
+        self.samples += 1
+        used = float(used_bytes)
+        self.busy_samples += in_flight > 0
+        self._recent.append((in_flight, used))
+        if self._fit_recent():
+            return
+        if in_flight <= 0:
+            self._baseline = used if self._baseline is None else self._baseline + 0.5 * (used - self._baseline)
+            return
+        if self._baseline is None:
+            return  # busy since the start and no spread yet: nothing to tell the baseline by
+        self._baseline = min(self._baseline, used)  # whatever runs, the baseline is no more than this
+        share = (used - self._baseline) / in_flight
+        if self._per_request is None:
+            if share >= self._min_request_fraction * total_bytes:
+                self._per_request = share
+            return
+        # Two readings explain this sample: the requests changed (`share`), or the baseline did
+        # (`moved_baseline`). Believe the one that allows fewer requests.
+        moved_baseline = used - self._per_request * in_flight
+        room_bytes = self.target_utilisation * total_bytes
+        # Where no baseline explains it (it would be below zero), the requests are smaller than
+        # believed, or some have not allocated yet: relief either way, taken slowly by `_add_share`.
+        impossible_baseline = moved_baseline < 0
+        if share > 0 and (
+            impossible_baseline
+            or (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request
+        ):
+            self._add_share(share, in_flight, elapsed_s)
+        else:
+            self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s, fast=False))
+
+    def _add_share(self, share: float, in_flight: int, elapsed_s: float) -> None:
+        """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""
+        assert self._per_request is not None
+        deviation = share - self._per_request
+        # A mean of n requests strays by about spread / sqrt(n): more than twice that is a shift.
+        shifted_up = deviation > 2 * math.sqrt(self._spread_sq / in_flight)
+        self._per_request = max(
+            self._min_request_fraction * self._total_bytes,
+            self._smooth(self._per_request, share, elapsed_s, fast=shifted_up),
+        )
+        if shifted_up or deviation <= 0:
+            # A change of level is no spread; nor is a reading below the mean, which is as often a
+            # request admitted but not yet allocated as a small one. Only the large ones count.
+            return
+        spread_seen = in_flight * deviation * deviation
+        self._spread_sq = self._smooth(self._spread_sq, spread_seen, elapsed_s, fast=spread_seen > self._spread_sq)
+
+    def _smooth(self, current: float, seen: float, elapsed_s: float, *, fast: bool) -> float:
+        """Move towards `seen`: fast for danger, slowly for relief."""
+        halflife_s = self._halflife_s / 10 if fast else self._halflife_s
+        weight = 1.0 - 0.5 ** (elapsed_s / halflife_s) if elapsed_s > 0 else 0.5
+        return current + weight * (seen - current)
+
+    def _fit_recent(self) -> bool:
+        n = len(self._recent)
+        if n < 8:
+            return False
+        mean_x = sum(x for x, _ in self._recent) / n
+        mean_y = sum(y for _, y in self._recent) / n
+        var_x = sum((x - mean_x) ** 2 for x, _ in self._recent) / n
+        most_common_share = max(Counter(x for x, _ in self._recent).values()) / n
+        if var_x < 0.25 or most_common_share > 0.75:
+            return False  # in-flight barely varied: a few stray samples must not tilt the line
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._recent) / n / var_x
+        if slope < self._min_request_fraction * self._total_bytes:
+            return False
+        intercept = mean_y - slope * mean_x
+        residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in self._recent) / n
+        if residual_sq > (0.25 * slope) ** 2:
+            return False  # not one line: the window straddles a change (sizes, a neighbour); wait it out
+        lowest_used = min(y for _, y in self._recent)
+        self._baseline = min(lowest_used, max(0.0, intercept))
+        self._per_request = slope
+        self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread
+        return True
+
+    def estimate(self) -> MemoryEstimate | None:
+        if self._per_request is None or self._baseline is None:
+            return None
+        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes, math.sqrt(self._spread_sq))
+
+    def cap(self) -> int | None:
+        """How many requests fit under `target_utilisation` of the card, or None if not known yet."""
+        est = self.estimate()
+        if est is None:
+            return None
+        room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
+        n = max(0, math.floor(room_bytes / est.per_request_bytes))
+        while n > 0 and n * est.per_request_bytes + self.spread_z * math.sqrt(n) * est.spread_bytes > room_bytes:
+            n -= 1
+        # What was seen beats what is estimated: a level that ran in every recent sample under target
+        # fits, even where a noisy estimate puts the line a few percent too high.
+        return max(n, self._proven_level())
+
+    def _proven_level(self) -> int:
+        if 2 * len(self._recent) < (self._recent.maxlen or 0):
+            return 0  # too few samples to call anything proven
+        limit_bytes = self.target_utilisation * self._total_bytes
+        peak_by_level: dict[int, float] = {}
+        for in_flight, used in self._recent:
+            peak_by_level[in_flight] = max(used, peak_by_level.get(in_flight, 0.0))
+        # Every level up to the proven one must be under target too: memory grows with the level.
+        proven = 0
+        for level in sorted(peak_by_level):
+            if peak_by_level[level] > limit_bytes:
+                break
+            proven = level
+        return proven
