@@ -1,6 +1,7 @@
 """The policies in front of the demo service, over real HTTP through uvicorn.
 
     python -m benchmarks.http_demo [--quick] [--device cpu|cuda] [--out DIR] [--vram-fraction F]
+        [--model M] [--scenarios a,b] [--policies none,static:2,adaptive] [--duration-s S] [--budget-s S]
 
 Each policy runs as its own `python -m demo_service --policy ...` process on 127.0.0.1; clients are
 httpx (open loop, Poisson, with the deadline in `x-envoy-expected-rq-timeout-ms`) and, for the
@@ -8,6 +9,11 @@ classic scenario, `wrk` (closed loop) where it is installed. Scenarios: classic 
 growth (pairs of images from half-way: memory per request doubles), mixed (a quarter are batches
 of three), neighbour (another process takes a share of the card for the middle third; only on the
 simulated card, through the demo's control route).
+
+The capacity that sets the open loop's rate is measured closed loop (`--capacity-connections`
+clients, each sending its next request when the last is answered), so it is what the card serves
+whatever the offered load; the open loop then offers twice that. The JSON is written after every
+run: a run killed part-way (the GPU script's time limit) keeps what it measured.
 """
 
 from __future__ import annotations
@@ -86,14 +92,37 @@ class Service:
         self.log.close()
 
 
-async def open_loop(service: Service, scenario: str, rate_per_s: float, duration_s: float) -> dict[str, Any]:
+async def closed_loop(service: Service, connections: int, duration_s: float) -> float:
+    """Requests served per second by `connections` clients that each wait for their answer."""
+    image = png(3)
+    served = 0
+    stop_at = time.monotonic() + duration_s
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal served
+        while time.monotonic() < stop_at:
+            try:
+                response = await client.post("/predict", files={"file": ("c.png", image, "image/png")})
+            except httpx.HTTPError:
+                continue
+            served += response.status_code == 200 and time.monotonic() <= stop_at
+
+    async with httpx.AsyncClient(base_url=service.url, timeout=DEADLINE_S,
+                                 limits=httpx.Limits(max_connections=connections)) as client:  # fmt: skip
+        await asyncio.gather(*(client_loop(client) for _ in range(connections)))
+    return served / duration_s
+
+
+async def open_loop(
+    service: Service, scenario: str, rate_per_s: float, duration_s: float, deadline_s: float = DEADLINE_S
+) -> dict[str, Any]:
     rng = random.Random(7)
     images = [png(i) for i in range(8)]
     outcome: dict[str, Any] = {"sent": 0, "ok": 0, "good": 0, "503": 0, "500": 0, "other": 0, "gave_up": 0,
                                "latencies_s": [], "reject_s": []}  # fmt: skip
-    headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000))}
+    headers = {"x-envoy-expected-rq-timeout-ms": str(int(deadline_s * 1000))}
     limits: list[tuple[float, Any]] = []
-    async with httpx.AsyncClient(base_url=service.url, timeout=DEADLINE_S,
+    async with httpx.AsyncClient(base_url=service.url, timeout=deadline_s,
                                  limits=httpx.Limits(max_connections=500)) as client:  # fmt: skip
         started = time.monotonic()
         stop_at = started + duration_s
@@ -120,7 +149,7 @@ async def open_loop(service: Service, scenario: str, rate_per_s: float, duration
             if response.status_code == 200:
                 outcome["ok"] += 1
                 outcome["latencies_s"].append(took)
-                outcome["good"] += took <= DEADLINE_S and time.monotonic() <= stop_at
+                outcome["good"] += took <= deadline_s and time.monotonic() <= stop_at
             elif response.status_code in (429, 503):
                 outcome["503"] += 1
                 outcome["reject_s"].append(took)
@@ -208,59 +237,114 @@ def wrk_closed_loop(service: Service, seconds: float, connections: int) -> dict[
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--vram-fraction", type=float)
+    parser.add_argument("--simulated-vram", help="passed to the demo: the simulated card's size without a GPU")
+    parser.add_argument("--model", help="passed to the demo (default: the demo's own)")
     parser.add_argument("--image-side", type=int, help="passed to the demo: bigger inputs, more memory per image")
     parser.add_argument("--rate", type=float, help="arrivals per second (default: 2x a measured capacity)")
+    parser.add_argument("--scenarios", help="comma-separated (default: classic,growth,mixed and, on cpu, neighbour)")
+    parser.add_argument("--policies", help="comma-separated (default: none, a static sweep, adaptive)")
+    parser.add_argument("--duration-s", type=float, help="seconds per run (default: 30, 12 with --quick)")
+    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S, help="the clients' deadline per request")
+    parser.add_argument("--capacity-policy", default="static:4", help="the policy the capacity is measured with")
+    parser.add_argument("--capacity-connections", type=int, default=16)
+    parser.add_argument("--capacity-s", type=float, default=6.0)
+    parser.add_argument("--budget-s", type=float, help="start no run that would end after this many seconds")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    duration_s = 12.0 if args.quick else 30.0
+    return parser.parse_args(argv)
+
+
+def demo_flags(args: argparse.Namespace) -> list[str]:
     extra = ["--device", args.device]
-    if args.vram_fraction:
-        extra += ["--vram-fraction", str(args.vram_fraction)]
-    if args.image_side:
-        extra += ["--image-side", str(args.image_side)]
+    for flag, value in (("--vram-fraction", args.vram_fraction), ("--simulated-vram", args.simulated_vram),
+                        ("--model", args.model), ("--image-side", args.image_side)):  # fmt: skip
+        if value:
+            extra += [flag, str(value)]
+    return extra
+
+
+def measure_rate(args: argparse.Namespace, extra: list[str]) -> float:
+    """Twice the capacity, measured closed loop: an offered load that saturates the card."""
+    if args.rate is not None:
+        return float(args.rate)
+    service = Service(args.capacity_policy, extra)
+    try:
+        service.wait_ready()
+        capacity = asyncio.run(closed_loop(service, args.capacity_connections, args.capacity_s))
+    finally:
+        service.stop()
+    print(f"capacity with {args.capacity_policy}, {args.capacity_connections} closed-loop clients: "
+          f"{capacity:.1f} req/s; open loop at {2 * capacity:.1f} req/s (2x)", flush=True)  # fmt: skip
+    return max(1.0, 2 * capacity)
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = time.monotonic()
+    args = parse_args(argv)
+    duration_s = args.duration_s or (12.0 if args.quick else 30.0)
+    extra = demo_flags(args)
     statics = ["static:2", "static:4"] if args.quick else ["static:1", "static:2", "static:3", "static:4", "static:6"]
-    policies = ["none", *statics, "adaptive"]
-    scenarios = ["classic", "growth", "mixed"] + (["neighbour"] if args.device == "cpu" else [])
+    policies = args.policies.split(",") if args.policies else ["none", *statics, "adaptive"]
+    default_scenarios = ["classic", "growth", "mixed"] + (["neighbour"] if args.device == "cpu" else [])
+    scenarios = args.scenarios.split(",") if args.scenarios else default_scenarios
     args.out.mkdir(parents=True, exist_ok=True)
-
-    rate = args.rate
-    if rate is None:
-        probe = Service("static:4", extra)
-        probe.wait_ready()
-        measured = asyncio.run(open_loop(probe, "classic", 40.0, 6.0))
-        probe.stop()
-        rate = max(1.0, 2 * measured["good"] / 6.0)  # completed inside the window, not after it
-        print(f"capacity measured with static:4 ~{rate / 2:.1f} req/s; open loop at {rate:.1f} req/s (2x)")
-
+    path = args.out / "http_demo.json"
     document: dict[str, Any] = {
         "command": " ".join(["python -m benchmarks.http_demo", *sys.argv[1:]]),
-        "rate_per_s": rate,
+        "complete": False,
         "duration_s": duration_s,
-        "deadline_s": DEADLINE_S,
+        "deadline_s": args.deadline_s,
         "runs": {},
+        "skipped": [],
     }
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    document["rate_per_s"] = rate = measure_rate(args, extra)
+    run_s = 0.0  # the longest run so far, start-up included: what the budget must still hold
     for scenario in scenarios:
-        document["runs"][scenario] = {}
+        document["runs"].setdefault(scenario, {})
         for policy in policies:
-            service = Service(policy, extra)
-            try:
-                service.wait_ready()
-                result = asyncio.run(open_loop(service, scenario, rate, duration_s))
-                if scenario == "classic":
-                    result["wrk_closed_loop_16"] = wrk_closed_loop(service, min(duration_s, 15), 16)
-            finally:
-                service.stop()
+            elapsed_s = time.monotonic() - started
+            if args.budget_s is not None and elapsed_s + max(run_s, duration_s) > args.budget_s:
+                document["skipped"].append(f"{scenario}/{policy}: out of time at {elapsed_s:.0f} s")
+                continue
+            run_started = time.monotonic()
+            result = one_run(scenario, policy, extra, rate, duration_s, args.deadline_s)
+            run_s = max(run_s, time.monotonic() - run_started)
             document["runs"][scenario][policy] = result
-            wrk = result.get("wrk_closed_loop_16") or {}
-            print(f"{scenario:10} {policy:10} goodput {result['goodput_per_s']:6}/s p99 {result['p99_ms']} ms "
-                  f"503s {result['503']:4} 500s {result['500']:4} gave up {result['gave_up']:4}"
-                  + (f" | wrk goodput {wrk.get('goodput_per_s')}/s" if wrk else ""), flush=True)  # fmt: skip
-    (args.out / "http_demo.json").write_text(json.dumps(document, indent=1) + "\n")
+            path.write_text(json.dumps(document, indent=1) + "\n")  # after every run: a kill keeps them
+            print_run(scenario, policy, result)
+    document["complete"] = not document["skipped"]
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def one_run(scenario: str, policy: str, extra: list[str], rate: float, duration_s: float,
+            deadline_s: float) -> dict[str, Any]:  # fmt: skip
+    """One policy against one scenario, on its own demo process; a failure is recorded, not raised."""
+    service = Service(policy, extra)
+    try:
+        service.wait_ready()
+        result = asyncio.run(open_loop(service, scenario, rate, duration_s, deadline_s))
+        if scenario == "classic":
+            result["wrk_closed_loop_16"] = wrk_closed_loop(service, min(duration_s, 15), 16)
+        return result
+    except Exception as exc:
+        return {"error": repr(exc), "service_output": service.output()}
+    finally:
+        service.stop()
+
+
+def print_run(scenario: str, policy: str, result: dict[str, Any]) -> None:
+    if "error" in result:
+        print(f"{scenario:10} {policy:10} failed: {result['error']}", flush=True)
+        return
+    wrk = result.get("wrk_closed_loop_16") or {}
+    print(f"{scenario:10} {policy:10} goodput {result['goodput_per_s']:6}/s p99 {result['p99_ms']} ms "
+          f"503s {result['503']:4} 500s {result['500']:4} gave up {result['gave_up']:4}"
+          + (f" | wrk goodput {wrk.get('goodput_per_s')}/s" if wrk else ""), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
