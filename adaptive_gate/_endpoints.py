@@ -15,23 +15,18 @@ from __future__ import annotations
 import functools
 import hmac
 import json
-from collections.abc import Collection
 from importlib import resources
 from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
+from ._operator import LimitsError
+from .options import PATH_OPTIONS, GateOptions
 from .status import render_json
 
 __all__ = ["Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
 
-PROTECTABLE = ("status", "metrics", "dashboard")
 MAX_LIMITS_BODY_BYTES = 16 << 10
-MIN_TOKEN_CHARS = 16
-
-
-class LimitsError(ValueError):
-    """A `PUT /gate/limits` body that makes no sense: answered 422, nothing changed."""
 
 
 class GateControl(Protocol):
@@ -90,53 +85,19 @@ def _page(name: str) -> bytes:
     return resources.files("adaptive_gate").joinpath(name).read_bytes()
 
 
-def check_paths(paths: dict[str, str | None]) -> dict[str, str | None]:
-    seen: dict[str, str] = {}
-    for name, path in paths.items():
-        if path is None:
-            continue
-        if not isinstance(path, str) or not path.startswith("/") or path.endswith("/") and path != "/":
-            raise ValueError(f"{name}_path must be a path starting with '/' (no trailing '/'), or None; got {path!r}")
-        if path in seen:
-            raise ValueError(f"{name}_path and {seen[path]}_path are both {path!r}: give each endpoint its own path")
-        seen[path] = name
-    return paths
-
-
-def check_token(admin_token: object) -> str | None:
-    if admin_token is None:
-        return None
-    if not isinstance(admin_token, str):
-        raise TypeError(f"admin_token must be a str or None, got {type(admin_token).__name__}")
-    if len(admin_token) < MIN_TOKEN_CHARS or admin_token.strip() != admin_token:
-        raise ValueError(
-            f"admin_token must be at least {MIN_TOKEN_CHARS} characters without surrounding spaces; make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))' and pass it from an environment variable"
-        )
-    return admin_token
-
-
 class Endpoints:
-    def __init__(self, *, paths: dict[str, str | None], admin_token: str | None, unprotected: Collection[str]) -> None:
-        if isinstance(unprotected, str):
-            raise TypeError(f"unprotected must be a tuple of endpoint names such as ('metrics',), got {unprotected!r}")
-        unknown = set(unprotected) - set(PROTECTABLE)
-        if unknown:
-            raise ValueError(f"unprotected may name {', '.join(PROTECTABLE)}; got {sorted(unknown)}")
-        self.paths = check_paths(paths)
-        self._token = None if admin_token is None else admin_token.encode()
-        self.token_set = admin_token is not None
-        self._protected = {name for name in PROTECTABLE if name not in unprotected} if admin_token else set()
-        self._by_path = {path: name for name, path in self.paths.items() if path is not None}
-        if admin_token is None:
+    """Which path is which endpoint, and who may read it: from the gate's checked options."""
+
+    def __init__(self, options: GateOptions) -> None:
+        self._token = None if options.admin_token is None else options.admin_token.encode()
+        self._protected = options.protected
+        paths = {name.removesuffix("_path"): getattr(options, name) for name in PATH_OPTIONS}
+        self._by_path = {path: name for name, path in paths.items() if path is not None}
+        if options.admin_token is None:
             self._by_path = {path: name for path, name in self._by_path.items() if name != "limits"}
-        dashboard = self.paths.get("dashboard")
+        dashboard = paths["dashboard"]
         if dashboard is not None:
             self._by_path[dashboard + "/data"] = "dashboard_data"
-
-    @property
-    def protected(self) -> frozenset[str]:
-        return frozenset(self._protected)
 
     def find(self, path: str) -> str | None:
         """Which of the gate's endpoints a request to `path` (as the router sees it) is for, if any."""

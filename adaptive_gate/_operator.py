@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._endpoints import LimitsError
-
-__all__ = ["HARD_MAX_LIMIT", "OperatorBounds", "parse_limits"]
+__all__ = ["HARD_MAX_LIMIT", "LimitsError", "OperatorBounds", "parse_limits"]
 
 HARD_MAX_LIMIT = 4096
 KEYS = ("pin", "min_limit", "max_limit")
+
+
+class LimitsError(ValueError):
+    """A `PUT /gate/limits` body that makes no sense: answered 422, nothing changed."""
 
 
 @dataclass(frozen=True)

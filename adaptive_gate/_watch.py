@@ -16,9 +16,37 @@ from ._routes import GatedRoute
 from .diagnostics import Diagnostics
 from .limiter import LimiterStatistics
 from .memory import MemorySample
-from .status import History
 
-__all__ = ["Watch"]
+__all__ = ["History", "Watch"]
+
+
+class History:
+    """One point per second over the last minutes, for the dashboard.
+
+    The monitor records several times a second; a point keeps the highest in-flight and queue seen
+    within its second (a burst between two reads is not lost) and the last limit and memory.
+    """
+
+    COLUMNS = ("unix_s", "limit", "in_flight", "queued", "used_bytes", "total_bytes")
+
+    def __init__(self, seconds: int = 600) -> None:
+        self._points: deque[list[float | None]] = deque(maxlen=seconds)
+
+    def record(
+        self, unix_s: float, *, limit: int, in_flight: int, queued: int, used_bytes: int | None, total_bytes: int | None
+    ) -> None:
+        second = float(math.floor(unix_s))
+        last = self._points[-1] if self._points else None
+        if last is not None and last[0] == second:
+            last[1] = limit
+            last[2] = max(in_flight, last[2] or 0)
+            last[3] = max(queued, last[3] or 0)
+            last[4], last[5] = used_bytes, total_bytes
+            return
+        self._points.append([second, limit, in_flight, queued, used_bytes, total_bytes])
+
+    def columns(self) -> dict[str, list[float | None]]:
+        return {name: [point[i] for point in self._points] for i, name in enumerate(self.COLUMNS)}
 
 
 class Watch:
@@ -26,7 +54,6 @@ class Watch:
         self.diagnostics = diagnostics
         self.period_s = period_s
         self.history = History()
-        self.oom_unix_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
         self.loop_lag_s = 0.0
         self._running: dict[object, GatedRoute] = {}
         self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (route, released at)
@@ -38,9 +65,6 @@ class Watch:
     def ended(self, key: object, now_s: float) -> None:
         route = self._running.pop(key)
         self._finished.append((route, now_s))
-
-    def oom(self) -> None:
-        self.oom_unix_s.append(time.time())
 
     def tick(
         self,

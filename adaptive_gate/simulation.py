@@ -1,14 +1,15 @@
-"""A deterministic replay of the gate on virtual time: controller, limiter, simulated card, arrivals.
+"""A deterministic replay of the gate on virtual time: the gate's own core, a simulated card, arrivals.
 
 No real sleep happens here: an hour of traffic replays in well under a second, and the same seed
 gives the same run. This is the controller's regression suite (the scenario tests assert ranges on
 its output) and a quick way to try controller settings against a card before deploying them.
 
-The model: requests arrive as a Poisson process per `Phase`; a request takes a slot from the real
-`Limiter` (or waits, with a deadline), allocates its bytes on a `SimulatedGPU` when admitted (an
-out-of-memory error fails it at once and is reported to the controller), then computes for
-`work_s` under processor sharing past the card's `knee`. A sampler reads the card every
-`sample_period_s`. Everything the middleware reports to the controller is reported the same way.
+The model: requests arrive as a Poisson process per `Phase`; each one goes to the same `GateCore`
+the middleware drives (admitted, queued with a deadline, or turned away), allocates its bytes on a
+`SimulatedGPU` when admitted (an out-of-memory error fails it at once), then computes for `work_s`
+under processor sharing past the card's `knee`. A sampler reads the card every `sample_period_s`.
+What happens is told to the core exactly as the middleware tells it; nothing of the gate's wiring
+is copied here. `record=True` keeps the events told, for replaying them through the middleware.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .control import AIMD, Controller
-from .limiter import Limiter, QueueFull, Waiter
+from .core import ADMITTED, GateCore, Outcome, Ticket, make_core
+from .limiter import Waiter
+from .memory import MemorySample
+from .statistics import LimitChange
 from .testing import Allocation, SimulatedGPU
 
 __all__ = ["Phase", "SimulationResult", "simulate"]
@@ -47,6 +51,11 @@ class SimulationResult:
     timed_out: int = 0
     latencies_s: list[float] = field(default_factory=list)
     oom_times_s: list[float] = field(default_factory=list)
+    # With record=True: what the core was told, in order, as (time, event, request id, detail):
+    # ("arrive", id, None), ("start", id, "oom" | "ok"), ("finish", id, None), ("sample", -1, MemorySample)
+    events: list[tuple[float, str, int, object]] = field(default_factory=list)
+    # (time, old limit, new limit, reason) for every change of the limit
+    limit_changes: list[tuple[float, int, int, str]] = field(default_factory=list)
     # (time, limit, in_flight, queued, used_bytes), one row per sample
     series: list[tuple[float, int, int, int, int]] = field(default_factory=list)
 
@@ -62,13 +71,12 @@ class SimulationResult:
 
 @dataclass
 class _Request:
+    id: int
     arrived_s: float
     nbytes: int
     work_s: float
     remaining_s: float = 0.0
-    admitted_s: float = 0.0
-    busy_area_at_admission: float = 0.0
-    epoch: int = 0
+    ticket: Ticket | None = None
     waiter: Waiter | None = None
     allocation: Allocation | None = None
 
@@ -88,47 +96,65 @@ def simulate(
     knee: float = math.inf,
     sample_period_s: float = 0.1,
     seed: int = 0,
+    record: bool = False,
 ) -> SimulationResult:
-    controller = controller or AIMD()
-    controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
-    return _Run(phases, total_bytes, baseline_bytes, duration_s, controller, max_queue, queue_timeout_s, knee,
-                sample_period_s, seed).run()  # fmt: skip
+    run = _Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
+    run.core = make_core(
+        controller or AIMD(),
+        min_limit=min_limit,
+        max_limit=max_limit,
+        initial_limit=initial_limit,
+        max_queue=max_queue,
+        max_retry_after_s=60,
+        clock=lambda: run.now_s,
+        seed=seed,
+    )
+    run.core.limit_listeners.append(run.limit_changed)
+    return run.run()
 
 
 class _Run:
+    core: GateCore
+
     def __init__(
         self,
         phases: list[Phase],
         total_bytes: int,
         baseline_bytes: int,
         duration_s: float,
-        controller: Controller,
-        max_queue: int,
         queue_timeout_s: float,
         knee: float,
         sample_period_s: float,
         seed: int,
+        record: bool,
     ) -> None:
         if not phases or phases[0].start_s != 0:
             raise ValueError("phases must start with one at start_s=0")
         self.phases = sorted(phases, key=lambda p: p.start_s)
         self.gpu = SimulatedGPU(total_bytes, baseline_bytes=baseline_bytes)
-        self.controller = controller
         self.now_s = 0.0
-        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=lambda: self.now_s)
         self.queue_timeout_s = queue_timeout_s
         self.knee = knee
         self.sample_period_s = sample_period_s
         self.random = random.Random(seed)
         self.result = SimulationResult(duration_s)
+        self.record = record
         self.events: list[tuple[float, int, str, object]] = []
         self.sequence = itertools.count()
+        self.ids = itertools.count()
         self.running: list[_Request] = []
         self.waiting: dict[Waiter, _Request] = {}
         self.next_completion: tuple[float, _Request] | None = None
 
     def schedule(self, at_s: float, kind: str, payload: object = None) -> None:
         heapq.heappush(self.events, (at_s, next(self.sequence), kind, payload))
+
+    def told(self, event: str, request_id: int, detail: object = None) -> None:
+        if self.record:
+            self.result.events.append((self.now_s, event, request_id, detail))
+
+    def limit_changed(self, change: LimitChange) -> None:
+        self.result.limit_changes.append((self.now_s, change.old, change.new, change.reason))
 
     def phase(self) -> Phase:
         return [p for p in self.phases if p.start_s <= self.now_s][-1]
@@ -184,40 +210,39 @@ class _Run:
 
     def on_arrival(self, _: object) -> None:
         phase = self.phase()
-        if phase.rate_per_s > 0:
-            self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
-            nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
-            request = _Request(self.now_s, nbytes, phase.work_s)
-            self.admit_or_queue(request)
-        else:
+        if phase.rate_per_s <= 0:
             self.schedule(self.now_s + 0.1, "arrival")
-
-    def admit_or_queue(self, request: _Request) -> None:
-        if self.limiter.try_acquire():
+            return
+        self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
+        nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
+        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s)
+        self.told("arrive", request.id)
+        admission = self.core.arrive(self.queue_timeout_s)
+        if admission is ADMITTED:
             self.start(request)
-            return
-        try:
-            waiter = self.limiter.join()
-        except QueueFull:
+        elif isinstance(admission, str):
+            self.core.rejected(admission)
             self.result.rejected += 1
-            return
-        request.waiter = waiter
-        self.waiting[waiter] = request
-        self.schedule(self.now_s + self.queue_timeout_s, "deadline", request)
+        else:
+            request.waiter = admission
+            self.waiting[admission] = request
+            self.schedule(self.now_s + self.queue_timeout_s, "deadline", request)
+            self.start_granted()
 
     def start(self, request: _Request) -> None:
-        request.admitted_s = self.now_s
-        request.busy_area_at_admission = self.limiter.busy_area()
-        request.epoch = self.controller.epoch
+        ticket = request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s)
         try:
             request.allocation = self.gpu.allocate(request.nbytes).__enter__()
         except RuntimeError:
+            self.told("start", request.id, "oom")
             self.result.ooms += 1
             self.result.rejected += 1
             self.result.oom_times_s.append(self.now_s)
-            self.controller.on_oom(now_s=self.now_s, epoch=request.epoch, in_flight=self.limiter.in_flight)
-            self.release()
+            self.core.oom(ticket, self.now_s)
+            self.core.release(ticket, self.now_s, Outcome.OOM)
+            self.start_granted()
             return
+        self.told("start", request.id, "ok")
         request.remaining_s = request.work_s
         self.running.append(request)
 
@@ -229,14 +254,12 @@ class _Run:
         self.running.remove(payload)
         if payload.allocation is not None:
             payload.allocation.release()
-        in_flight = self.limiter.in_flight
-        latency_s = self.now_s - payload.admitted_s
-        concurrency = (self.limiter.busy_area() - payload.busy_area_at_admission) / latency_s
+        self.told("finish", payload.id)
         self.result.completed += 1
         self.result.latencies_s.append(self.now_s - payload.arrived_s)
-        demand = self.limiter.queued > 0 or in_flight >= self.limiter.limit
-        self.controller.on_success(now_s=self.now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
-        self.release()
+        assert payload.ticket is not None
+        self.core.release(payload.ticket, self.now_s, Outcome.COMPLETED)
+        self.start_granted()
 
     def on_deadline(self, payload: object) -> None:
         assert isinstance(payload, _Request)
@@ -244,33 +267,25 @@ class _Run:
         if waiter is None or waiter not in self.waiting:
             return
         del self.waiting[waiter]
-        self.limiter.leave(waiter)
+        self.core.leave(waiter)
+        self.core.rejected("deadline", timed_out=True)
         self.result.timed_out += 1
         self.result.rejected += 1
         self.start_granted()
 
     def on_sample(self, _: object) -> None:
-        sample = self.gpu.sample()
-        self.controller.on_sample(now_s=self.now_s, sample=sample, in_flight=self.limiter.in_flight)
-        self.apply_limit()
+        sample: MemorySample = self.gpu.sample()
+        self.told("sample", -1, sample)
+        self.core.sample(sample, self.now_s)
+        limiter = self.core.limiter
         self.result.series.append(
-            (round(self.now_s, 3), self.limiter.limit, self.limiter.in_flight, self.limiter.queued, sample.used_bytes)
+            (round(self.now_s, 3), limiter.limit, limiter.in_flight, limiter.queued, sample.used_bytes)
         )
+        self.start_granted()
         self.schedule(self.now_s + self.sample_period_s, "sample")
 
-    # -- the limiter ----------------------------------------------------------------------------
-
-    def release(self) -> None:
-        self.limiter.release()
-        self.apply_limit()
-        self.start_granted()
-
-    def apply_limit(self) -> None:
-        if self.controller.limit != self.limiter.limit:
-            self.limiter.limit = self.controller.limit
-            self.start_granted()
-
     def start_granted(self) -> None:
+        """Start the waiters the core handed a slot to, in the order they queued."""
         while True:
             waiter = next((w for w in self.waiting if w.granted), None)
             if waiter is None:

@@ -1,4 +1,5 @@
-"""What the gate has seen, kept small and bounded, and its rendering for `GET /gate/status`."""
+"""What the gate measures per request, kept small and bounded, and the status document: a rendering
+of one `GateStatistics` snapshot for `GET /gate/status`."""
 
 from __future__ import annotations
 
@@ -10,15 +11,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .limiter import LimiterStatistics
-from .memory import MemorySample
+from .statistics import GateStatistics
 
 __all__ = [
     "BucketCounts",
     "Counters",
-    "History",
-    "LimitChange",
-    "ProbeState",
     "RecentValues",
     "percentiles_ms",
     "render_json",
@@ -114,80 +111,25 @@ def percentiles_ms(values_s: Iterable[float], digits: int = 3) -> dict[str, floa
     }
 
 
-class History:
-    """One point per second over the last minutes, for the dashboard.
-
-    The monitor records several times a second; a point keeps the highest in-flight and queue seen
-    within its second (a burst between two reads is not lost) and the last limit and memory.
-    """
-
-    COLUMNS = ("unix_s", "limit", "in_flight", "queued", "used_bytes", "total_bytes")
-
-    def __init__(self, seconds: int = 600) -> None:
-        self._points: deque[list[float | None]] = deque(maxlen=seconds)
-
-    def record(
-        self, unix_s: float, *, limit: int, in_flight: int, queued: int, used_bytes: int | None, total_bytes: int | None
-    ) -> None:
-        second = float(math.floor(unix_s))
-        last = self._points[-1] if self._points else None
-        if last is not None and last[0] == second:
-            last[1] = limit
-            last[2] = max(in_flight, last[2] or 0)
-            last[3] = max(queued, last[3] or 0)
-            last[4], last[5] = used_bytes, total_bytes
-            return
-        self._points.append([second, limit, in_flight, queued, used_bytes, total_bytes])
-
-    def columns(self) -> dict[str, list[float | None]]:
-        return {name: [point[i] for point in self._points] for i, name in enumerate(self.COLUMNS)}
-
-
-@dataclass(frozen=True)
-class LimitChange:
-    at_unix_s: float
-    old: int
-    new: int
-    reason: str
-
-
-@dataclass
-class ProbeState:
-    """How the memory probe fares: what it is, the last reading, the last error."""
-
-    description: str = "none"
-    last_sample: MemorySample | None = None
-    last_error: str | None = None
-    consecutive_errors: int = 0
-    errors: int = 0
-    simulated: bool = False
-    running: bool = False
-    device: str = "none"
-
-
-def status_document(
-    *,
-    limiter: LimiterStatistics,
-    min_limit: int,
-    max_limit: int,
-    counters: Counters,
-    queue_wait_s: RecentValues,
-    service_s: RecentValues,
-    probe: ProbeState,
-    changes: deque[LimitChange],
-    controller: dict[str, Any],
-    options: dict[str, Any],
-    extra: dict[str, Any],
-) -> dict[str, Any]:
-    sample = probe.last_sample
+def status_document(stats: GateStatistics, *, options: dict[str, Any], version: str, pid: int) -> dict[str, Any]:
+    """The document served at `status_path`. Nothing secret: the token shows only as set or not."""
+    sample = stats.probe.last_sample
+    probe = stats.probe
     return {
-        "limit": limiter.limit,
-        "in_flight": limiter.in_flight,
-        "queued": limiter.queued,
-        "min_limit": min_limit,
-        "max_limit": max_limit,
-        "max_queue": limiter.max_queue,
-        **extra,
+        "limit": stats.limit,
+        "in_flight": stats.in_flight,
+        "queued": stats.queued,
+        "min_limit": stats.min_limit,
+        "max_limit": stats.max_limit,
+        "max_queue": stats.max_queue,
+        "version": version,
+        "bound": stats.bound,
+        "operator": stats.operator,
+        "ready": {"ready": stats.ready, "reasons": list(stats.not_ready), "degraded": list(stats.degraded)},
+        "workers": {"count": stats.workers, "source": stats.workers_source, "pid": pid},
+        "loop_lag_s": round(stats.loop_lag_s, 4),
+        "findings": list(stats.findings),
+        "finding_appearances": stats.finding_appearances,
         "device": probe.device,
         "memory": None
         if sample is None
@@ -201,19 +143,23 @@ def status_document(
             "process_count": sample.process_count,
             "simulated": probe.simulated,
         },
-        "counters": asdict(counters),
-        "queue_wait_ms": queue_wait_s.percentiles_ms(),
-        "service_ms": service_s.percentiles_ms(),
-        "controller": controller,
+        "counters": stats.counters,
+        "queue_wait_ms": stats.queue_wait_ms,
+        "service_ms": stats.service_ms,
+        "controller": {
+            "controller": stats.controller.name,
+            "bound": stats.controller.bound,
+            **stats.controller.details,
+        },
         "probe": {
             "description": probe.description,
             "running": probe.running,
-            "healthy": probe.last_error is None,
+            "healthy": probe.healthy,
             "last_error": probe.last_error,
             "errors": probe.errors,
             "consecutive_errors": probe.consecutive_errors,
         },
-        "limit_changes": [asdict(change) for change in changes],
+        "limit_changes": [asdict(change) for change in stats.limit_changes],
         "options": options,
     }
 

@@ -71,6 +71,9 @@ class SimulatedGPU:
       the card's throughput (processor sharing). `math.inf` means no contention.
     """
 
+    # The status marks its readings as simulated (a probe of one's own may say so too).
+    simulated = True
+
     def __init__(
         self,
         total_bytes: int,

@@ -228,8 +228,8 @@ class World:
             self.gate = _find(self.app, AdaptiveGate)
             self.semaphore = _find(self.app, SemaphoreMiddleware)
         if self.gate is not None:
-            limit: float = self.gate.limiter.limit
-            queued = self.gate.limiter.queued
+            limit: float = self.gate.core.limiter.limit
+            queued = self.gate.core.limiter.queued
         elif self.semaphore is not None:
             limit, queued = self.semaphore.limit, self.semaphore.waiting
         else:
@@ -335,5 +335,5 @@ async def run(
     result.ooms = world.gpu.oom_count
     result.oom_times_s = world.oom_times_s
     if world.gate is not None:
-        result.controller = world.gate.controller.describe()
+        result.controller = world.gate.core.controller.describe()
     return result

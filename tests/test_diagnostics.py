@@ -252,7 +252,7 @@ async def test_the_gate_sees_other_processes_on_its_card(caplog: pytest.LogCaptu
     app.add_middleware(AdaptiveGate, probe=SharedCard(), sample_period=0.01)
     async with LifespanManager(app), client_for(app) as client:
         await client.get("/gate/status")
-        await wait_until(lambda: find_gate(app).probe_state.last_sample is not None)
+        await wait_until(lambda: find_gate(app).core.probe.last_sample is not None)
         await anyio.sleep(0.1)  # several samples, one finding
         status = (await client.get("/gate/status")).json()
     assert [f["code"] for f in status["findings"]] == ["shared_gpu"]

@@ -87,13 +87,13 @@ async def test_runs_at_most_limit_and_queues_the_rest() -> None:
             gate = None
             await wait_until(lambda: held.running == 2)
             gate = find_gate(app)
-            await wait_until(lambda: gate.limiter.queued == 6)
+            await wait_until(lambda: gate.core.limiter.queued == 6)
             assert (await client.get("/healthz")).status_code == 200  # never gated, never queued
             held.go.set()
         assert [r.status_code for r in responses] == [200] * 8
         assert held.peak == 2
-        assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
-        assert gate.counters.admitted == gate.counters.completed == 8
+        assert gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0
+        assert gate.core.counters.admitted == gate.core.counters.completed == 8
 
 
 async def test_queue_full_is_503_with_retry_after() -> None:
@@ -104,7 +104,7 @@ async def test_queue_full_is_503_with_retry_after() -> None:
             tg.start_soon(lambda: _append(results, client.post("/work")))
             await wait_until(lambda: held.running == 1)
             tg.start_soon(lambda: _append(results, client.post("/work")))
-            await wait_until(lambda: find_gate(app).limiter.queued == 1)
+            await wait_until(lambda: find_gate(app).core.limiter.queued == 1)
             rejected = await client.post("/work")
             held.go.set()
     assert rejected.status_code == 503
@@ -112,7 +112,7 @@ async def test_queue_full_is_503_with_retry_after() -> None:
     assert rejected.json()["reason"] == "queue_full"
     assert rejected.json()["detail"]
     assert [r.status_code for r in results] == [200, 200]
-    assert find_gate(app).counters.rejected_by_reason == {"queue_full": 1}
+    assert find_gate(app).core.counters.rejected_by_reason == {"queue_full": 1}
 
 
 async def _append(results: list[httpx.Response], pending: Any) -> None:
@@ -140,7 +140,7 @@ async def test_queue_timeout_answers_deadline_and_frees_the_place() -> None:
             held.go.set()
     gate = find_gate(app)
     assert late.status_code == 503 and late.json()["reason"] == "deadline"
-    assert gate.counters.timed_out == 1 and gate.limiter.queued == 0 and gate.limiter.in_flight == 0
+    assert gate.core.counters.timed_out == 1 and gate.core.limiter.queued == 0 and gate.core.limiter.in_flight == 0
 
 
 @pytest.mark.parametrize(("header", "expect_fast"), [(b"20", True), (b"soon", False), (b"-5", False)])
@@ -167,9 +167,9 @@ async def test_rejects_at_once_when_the_expected_wait_exceeds_the_deadline() -> 
             await wait_until(lambda: held.running == 1)
             gate = find_gate(app)
             for _ in range(10):
-                gate.service_s.add(10.0)  # requests have been taking 10 s each
+                gate.core.service_s.add(10.0)  # requests have been taking 10 s each
             rejected = await client.post("/work")
-            assert gate.counters.timed_out == 0 and gate.limiter.queued == 0
+            assert gate.core.counters.timed_out == 0 and gate.core.limiter.queued == 0
             held.go.set()
     assert rejected.status_code == 503 and rejected.json()["reason"] == "deadline"
     assert int(rejected.headers["retry-after"]) >= 10  # estimated from the queue and service time
@@ -181,7 +181,7 @@ async def test_retry_after_is_capped() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.post, "/work")
             await wait_until(lambda: held.running == 1)
-            find_gate(app).service_s.add(500.0)
+            find_gate(app).core.service_s.add(500.0)
             rejected = await client.post("/work")
             held.go.set()
     assert 1 <= int(rejected.headers["retry-after"]) <= 3
@@ -248,10 +248,10 @@ async def test_oom_becomes_503_and_cuts_the_limit(error: BaseException) -> None:
     assert [r.status_code for r in responses] == [503, 503]
     assert [r.json()["reason"] for r in responses] == ["oom", "oom"]
     assert all(int(r.headers["retry-after"]) >= 1 for r in responses)
-    assert gate.counters.ooms == 2 and gate.limiter.in_flight == 0
-    assert gate.limiter.limit == 1  # ran out of memory with two: fewer than that at once, cut once
-    assert gate.controller.epoch == 1
-    assert gate.limit_changes[-1].reason == "out of memory"
+    assert gate.core.counters.ooms == 2 and gate.core.limiter.in_flight == 0
+    assert gate.core.limiter.limit == 1  # ran out of memory with two: fewer than that at once, cut once
+    assert gate.core.controller.epoch == 1
+    assert gate.core.limit_changes[-1].reason == "out of memory"
 
 
 async def _append(responses: list[httpx.Response], request: Any) -> None:
@@ -268,9 +268,9 @@ async def test_a_request_that_runs_out_of_memory_alone_does_not_cut_the_limit() 
     assert {r.status_code for r in responses} == {503}
     assert {r.json()["reason"] for r in responses} == {"too_large"}
     assert "too large for the card" in responses[0].json()["detail"]
-    assert gate.counters.ooms == 5 and gate.counters.admitted_ooms == 5
-    assert gate.limiter.limit == 3 and gate.controller.epoch == 0
-    assert gate.counters.rejected_by_reason == {"too_large": 5}
+    assert gate.core.counters.ooms == 5 and gate.core.counters.admitted_ooms == 5
+    assert gate.core.limiter.limit == 3 and gate.core.controller.epoch == 0
+    assert gate.core.counters.rejected_by_reason == {"too_large": 5}
 
 
 async def test_other_errors_propagate_and_free_the_slot() -> None:
@@ -281,7 +281,7 @@ async def test_other_errors_propagate_and_free_the_slot() -> None:
         response = await client.post("/infer")
     gate = find_gate(app)
     assert response.status_code == 500
-    assert gate.counters.errors == 1 and gate.limiter.in_flight == 0 and gate.counters.ooms == 0
+    assert gate.core.counters.errors == 1 and gate.core.limiter.in_flight == 0 and gate.core.counters.ooms == 0
 
 
 async def test_client_errors_do_not_grow_the_limit() -> None:
@@ -296,8 +296,8 @@ async def test_client_errors_do_not_grow_the_limit() -> None:
         for _ in range(20):
             assert (await client.post("/infer")).status_code == 422  # missing parameter
     gate = find_gate(app)
-    assert gate.counters.completed == 0 and gate.limiter.in_flight == 0
-    assert gate.limiter.limit == 1
+    assert gate.core.counters.completed == 0 and gate.core.limiter.in_flight == 0
+    assert gate.core.limiter.limit == 1
 
 
 async def test_slot_is_held_until_the_last_streamed_byte() -> None:
@@ -319,11 +319,11 @@ async def test_slot_is_held_until_the_last_streamed_byte() -> None:
         tg.start_soon(call, app, raw, "/stream", "GET")
         await wait_until(lambda: any(m.get("body") == b"first," for m in raw.sent))
         gate = find_gate(app)
-        assert gate.limiter.in_flight == 1  # response started, body not finished: still held
+        assert gate.core.limiter.in_flight == 1  # response started, body not finished: still held
         step.set()
         await raw.body_sent.wait()
     assert raw.body == b"first,last"
-    assert gate.limiter.in_flight == 0 and gate.counters.completed == 1
+    assert gate.core.limiter.in_flight == 0 and gate.core.counters.completed == 1
 
 
 async def test_client_that_leaves_the_queue_gives_up_its_place_at_once() -> None:
@@ -334,13 +334,13 @@ async def test_client_that_leaves_the_queue_gives_up_its_place_at_once() -> None
         await wait_until(lambda: held.running == 1)
         gate = find_gate(app)
         tg.start_soon(call, app, leaver, "/work")
-        await wait_until(lambda: gate.limiter.queued == 1)
+        await wait_until(lambda: gate.core.limiter.queued == 1)
         leaver.disconnect.set()
-        await wait_until(lambda: gate.limiter.queued == 0)
-        assert gate.counters.left_queue == 1 and leaver.sent == []
+        await wait_until(lambda: gate.core.limiter.queued == 0)
+        assert gate.core.counters.left_queue == 1 and leaver.sent == []
         held.go.set()
     assert first.status == 200 and held.entered == 1
-    assert gate.limiter.in_flight == 0
+    assert gate.core.limiter.in_flight == 0
 
 
 async def test_body_read_while_queued_is_replayed_in_order() -> None:
@@ -357,9 +357,9 @@ async def test_body_read_while_queued_is_replayed_in_order() -> None:
     first, second = RawClient([b"a"]), RawClient([b"one,", b"two,", b"three"])
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, app, first, "/echo")
-        await wait_until(lambda: find_gate(app).limiter.in_flight == 1)
+        await wait_until(lambda: find_gate(app).core.limiter.in_flight == 1)
         tg.start_soon(call, app, second, "/echo")
-        await wait_until(lambda: find_gate(app).limiter.queued == 1 and not second.chunks)  # all read while queued
+        await wait_until(lambda: find_gate(app).core.limiter.queued == 1 and not second.chunks)  # all read while queued
         go.set()
     assert json.loads(second.body) == {"body": "one,two,three"}
 
@@ -371,7 +371,7 @@ async def test_status_document() -> None:
     async with LifespanManager(app) as manager, client_for(manager.app) as client:
         for _ in range(3):
             assert (await client.post("/work")).status_code == 200
-        await wait_until(lambda: find_gate(app).probe_state.last_sample is not None)
+        await wait_until(lambda: find_gate(app).core.probe.last_sample is not None)
         status = (await client.get("/gate/status")).json()
         head = await client.head("/gate/status")
     assert {"limit", "in_flight", "queued", "min_limit", "max_limit", "memory", "counters"} <= status.keys()
@@ -445,10 +445,10 @@ async def test_swallowed_ooms_are_seen_through_the_probe_count() -> None:
 
     async with LifespanManager(app) as manager, client_for(manager.app) as client:
         gate = find_gate(app)
-        await wait_until(lambda: gate.probe_state.last_sample is not None)  # the count's starting point
+        await wait_until(lambda: gate.core.probe.last_sample is not None)  # the count's starting point
         assert (await client.post("/careful")).json() == {"fell_back": True}
-        await wait_until(lambda: gate.counters.ooms == 1)
-        assert gate.limiter.limit < 8
+        await wait_until(lambda: gate.core.counters.ooms == 1)
+        assert gate.core.limiter.limit < 8
 
 
 async def test_oom_raised_and_counted_by_the_probe_is_counted_once() -> None:
@@ -463,11 +463,11 @@ async def test_oom_raised_and_counted_by_the_probe_is_counted_once() -> None:
 
     async with LifespanManager(app) as manager, client_for(manager.app) as client:
         gate = find_gate(app)
-        await wait_until(lambda: gate.probe_state.last_sample is not None)
+        await wait_until(lambda: gate.core.probe.last_sample is not None)
         assert (await client.post("/greedy")).status_code == 503
-        samples_then = gate.controller.memory.samples  # type: ignore[attr-defined]
-        await wait_until(lambda: gate.controller.memory.samples > samples_then + 3)  # type: ignore[attr-defined]
-    assert gpu.oom_count == 1 and gate.counters.ooms == 1
+        samples_then = gate.core.controller.memory.samples  # type: ignore[attr-defined]
+        await wait_until(lambda: gate.core.controller.memory.samples > samples_then + 3)  # type: ignore[attr-defined]
+    assert gpu.oom_count == 1 and gate.core.counters.ooms == 1
 
 
 class FlakyProbe:
@@ -542,11 +542,11 @@ async def test_chaos_leaves_no_slot_behind(seed: int) -> None:
             if i % 10 == 0:
                 await anyio.sleep(0.003)
             if i % 50 == 25:
-                find_gate(app).limiter.limit = rng.randint(1, 6)  # the limit moves under the traffic
+                find_gate(app).core.limiter.limit = rng.randint(1, 6)  # the limit moves under the traffic
     gate = find_gate(app)
-    assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
+    assert gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0
     assert statuses.get(200, 0) > 100 and statuses.get(503, 0) > 0 and statuses.get("error", 0) > 0
-    assert gate.counters.admitted >= gate.counters.completed
+    assert gate.core.counters.admitted >= gate.core.counters.completed
 
 
 def _query_scope(path_and_query: str) -> dict[str, Any]:

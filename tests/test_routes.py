@@ -82,9 +82,9 @@ def build_app() -> FastAPI:
 async def admitted_after(app: FastAPI, method: str, path: str) -> tuple[int, int]:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
         await client.get("/gate/status")  # builds the middleware stack
-        before = find_gate(app).counters.admitted
+        before = find_gate(app).core.counters.admitted
         response = await client.request(method, path)
-        return response.status_code, find_gate(app).counters.admitted - before
+        return response.status_code, find_gate(app).core.counters.admitted - before
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ async def test_table_is_per_route_not_per_url() -> None:
         for i in range(300):
             await client.post(f"/v1/predict/m{i}")
         assert gate._routes._nodes is nodes  # not rebuilt, and it holds routes, not URLs
-        assert gate.counters.admitted == 301
+        assert gate.core.counters.admitted == 301
 
 
 async def test_routes_added_later_are_seen() -> None:
@@ -153,7 +153,7 @@ async def test_routes_added_later_are_seen() -> None:
             return {}
 
         assert (await client.post("/late")).status_code == 200
-        assert find_gate(app).counters.admitted == 1
+        assert find_gate(app).core.counters.admitted == 1
 
 
 async def test_custom_tag() -> None:
@@ -214,4 +214,4 @@ async def test_websockets_pass_through() -> None:
              "subprotocols": [], "asgi": {"version": "3.0"}}  # fmt: skip
     await app(scope, receive, send)
     assert [m["type"] for m in messages] == ["websocket.accept", "websocket.send", "websocket.close"]
-    assert find_gate(app).counters.admitted == 0
+    assert find_gate(app).core.counters.admitted == 0

@@ -62,7 +62,7 @@ async def test_faulty_probe_is_reported_and_requests_still_flow(behaviour: str, 
     async with LifespanManager(app) as manager:
         gate = find_gate(app)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
-            await wait_until(lambda: gate.probe_state.errors >= 2)
+            await wait_until(lambda: gate.core.probe.errors >= 2)
             with anyio.fail_after(2):
                 assert (await client.post("/infer")).status_code == 200
             status = (await client.get("/gate/status")).json()
@@ -72,7 +72,7 @@ async def test_faulty_probe_is_reported_and_requests_still_flow(behaviour: str, 
             assert probe.calls <= 3
             assert threading.active_count() <= threads_before + 2
         probe.release.set()
-    assert not gate._sampler.running  # type: ignore[union-attr]
+    assert not gate.statistics().probe.running
 
 
 async def test_failures_back_off() -> None:
@@ -88,8 +88,8 @@ async def test_slow_probe_still_samples() -> None:
     app = app_with(probe)
     async with LifespanManager(app):
         gate = find_gate(app)
-        await wait_until(lambda: gate.controller.memory.samples >= 3)  # type: ignore[attr-defined]
-        assert gate.probe_state.last_error is None
+        await wait_until(lambda: gate.core.controller.memory.samples >= 3)  # type: ignore[attr-defined]
+        assert gate.core.probe.last_error is None
 
 
 async def test_recovers_when_the_probe_does() -> None:
@@ -97,10 +97,10 @@ async def test_recovers_when_the_probe_does() -> None:
     app = app_with(probe)
     async with LifespanManager(app):
         gate = find_gate(app)
-        await wait_until(lambda: gate.probe_state.errors >= 1)
+        await wait_until(lambda: gate.core.probe.errors >= 1)
         probe.behaviour = "ok"
-        await wait_until(lambda: gate.probe_state.last_error is None, timeout_s=8)
-        assert gate.probe_state.last_sample == MemorySample(1 * GiB, 8 * GiB)
+        await wait_until(lambda: gate.core.probe.last_error is None, timeout_s=8)
+        assert gate.core.probe.last_sample == MemorySample(1 * GiB, 8 * GiB)
 
 
 async def test_sampling_starts_at_the_first_request_without_lifespan() -> None:
@@ -111,7 +111,7 @@ async def test_sampling_starts_at_the_first_request_without_lifespan() -> None:
         gate = find_gate(app)
         await wait_until(lambda: probe.calls >= 2)
         await gate.aclose()
-    assert not gate._sampler.running  # type: ignore[union-attr]
+    assert not gate.statistics().probe.running
 
 
 async def test_probe_none_never_samples() -> None:
@@ -130,7 +130,7 @@ async def test_a_second_lifespan_samples_again() -> None:
     calls = probe.calls
     async with LifespanManager(app):
         await wait_until(lambda: probe.calls > calls + 1)
-        assert find_gate(app)._sampler.running  # type: ignore[union-attr]
+        assert find_gate(app).statistics().probe.running
 
 
 async def test_the_first_reading_is_taken_after_the_apps_start_up_and_before_traffic() -> None:
@@ -152,9 +152,9 @@ async def test_the_first_reading_is_taken_after_the_apps_start_up_and_before_tra
     async with LifespanManager(app):
         gate = find_gate(app)
         # Start-up is complete, nothing has been asked yet: the reading with the weights is in.
-        assert gate.probe_state.last_sample is not None
-        assert gate.probe_state.last_sample.used_bytes == 8 * GiB
-        model = gate.controller.describe()["memory_model"]
+        assert gate.core.probe.last_sample is not None
+        assert gate.core.probe.last_sample.used_bytes == 8 * GiB
+        model = gate.core.controller.describe()["memory_model"]
         assert model is None or model["baseline_bytes"] == 8 * GiB
 
 
@@ -164,6 +164,6 @@ async def test_a_hanging_probe_delays_start_up_only_by_its_timeout() -> None:
     try:
         with anyio.fail_after(30):  # start-up completes (it waits at most probe_timeout + 2 s)
             async with LifespanManager(app, startup_timeout=30):
-                assert find_gate(app).probe_state.last_sample is None
+                assert find_gate(app).core.probe.last_sample is None
     finally:
         probe.release.set()

@@ -142,7 +142,7 @@ async def hammer(app: FastAPI, seconds: float, clients: int = 12) -> tuple[dict[
     async def watch() -> None:
         await anyio.sleep(seconds / 2)
         while anyio.current_time() < stop_at:
-            limits.append(find_gate(app).limiter.limit)
+            limits.append(find_gate(app).core.limiter.limit)
             await anyio.sleep(0.05)
 
     # Whatever earlier tests left on the heap (models, apps) must not pause these 30 ms requests
@@ -172,20 +172,20 @@ async def test_real_time_classic_and_neighbour() -> None:
     async with LifespanManager(app):
         codes, limit = await hammer(app, 3.0)
         gate = find_gate(app)
-        assert 3 <= limit <= 5, (gate.limit_changes, gate.status()["controller"], codes)
+        assert 3 <= limit <= 5, (gate.core.limit_changes, gate.status()["controller"], codes)
         assert codes.get(200, 0) > 100 and set(codes) <= {200, 503}
-        ooms_settled = gate.counters.ooms
+        ooms_settled = gate.core.counters.ooms
         assert ooms_settled <= 6
 
         gpu.set_neighbour(6 * GiB)  # a neighbour arrives: three still fit
         _, limit = await hammer(app, 4.0)
         assert 1 <= limit <= 3
-        assert gate.counters.ooms - ooms_settled <= 8
+        assert gate.core.counters.ooms - ooms_settled <= 8
 
         gpu.set_neighbour(0)
         _, limit = await hammer(app, 5.0)
         assert 3 <= limit <= 5
-        assert gate.limiter.in_flight == 0 and gate.limiter.queued == 0
+        assert gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0
 
 
 @pytest.mark.slow

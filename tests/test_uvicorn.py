@@ -75,13 +75,13 @@ def test_real_disconnect_while_queued() -> None:
             gate = find_gate(app)
             leaver = socket.create_connection(("127.0.0.1", port))
             leaver.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
-            wait_for(lambda: gate.limiter.queued == 1)
+            wait_for(lambda: gate.core.limiter.queued == 1)
             leaver.close()  # the client gives up while waiting
-            wait_for(lambda: gate.limiter.queued == 0, timeout_s=1.0)  # at once, not when the slot frees (2 s)
-            assert gate.counters.left_queue == 1
+            wait_for(lambda: gate.core.limiter.queued == 0, timeout_s=1.0)  # at once, not when the slot frees (2 s)
+            assert gate.core.counters.left_queue == 1
             holder.join()
-        wait_for(lambda: gate.limiter.in_flight == 0)
-    assert gate.counters.admitted == 1
+        wait_for(lambda: gate.core.limiter.in_flight == 0)
+    assert gate.core.counters.admitted == 1
 
 
 @pytest.mark.slow
@@ -110,6 +110,6 @@ def test_chaos_through_uvicorn() -> None:
 
         outcomes = asyncio.run(chaos())
         gate = find_gate(app)
-        wait_for(lambda: gate.limiter.in_flight == 0 and gate.limiter.queued == 0)
+        wait_for(lambda: gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0)
     assert {"200", "500", "client gave up"} <= set(outcomes)
     assert set(outcomes) <= {"200", "500", "503", "client gave up"}

@@ -89,4 +89,4 @@ async def test_two_gates_on_one_card_stay_within_it_together() -> None:
     assert gpu.oom_count - ooms_learning <= 2  # settled: OOMs are rare, not a way of life
     assert ooms_learning <= 6
     for gate in gates:
-        assert gate.limiter.in_flight == 0 and gate.status()["memory"] is not None
+        assert gate.core.limiter.in_flight == 0 and gate.status()["memory"] is not None

@@ -1,0 +1,111 @@
+"""The gate's background work, with one lifecycle however it is started.
+
+Two loops run beside the application: the sampler (probe readings) and the monitor (loop lag,
+history, diagnostics, the send watchdog). They run in one structured task group, entered by
+`running()`, whoever enters it: the ASGI lifespan (the usual case), the first gated request where no
+lifespan runs (`httpx.ASGITransport`, `TestClient` without `with`, `uvicorn --lifespan off`), or an
+embedder's own `async with gate.running():`. In every case the first probe reading is taken before
+the first request is admitted, so the gate knows the card's idle baseline from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+
+from ._sampler import BackgroundLoop, Monitor, Sampler
+
+__all__ = ["Background"]
+
+FIRST_READING_WAIT_S = 2.0  # plus probe_timeout: how long the start waits for the first reading
+
+
+class Background:
+    def __init__(
+        self,
+        *,
+        make_sampler: Callable[[], Sampler | None],
+        make_monitor: Callable[[], Monitor],
+        first_reading_timeout_s: float,
+    ) -> None:
+        self._make_sampler = make_sampler
+        self._make_monitor = make_monitor
+        self._first_reading_timeout_s = first_reading_timeout_s
+        self._sampler: Sampler | None = None
+        self._loops: list[BackgroundLoop] = []
+        # Set once the first reading was tried: from then on requests are admitted without a look here.
+        self.ready = False
+        self._ready_event: anyio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop: anyio.Event | None = None
+
+    @property
+    def sampler_running(self) -> bool:
+        return self._sampler is not None and self._sampler.running
+
+    @asynccontextmanager
+    async def running(self, *, first_reading: bool = True) -> AsyncIterator[None]:
+        """Run the loops for the duration of the block. `first_reading=False` leaves the first
+        reading to `first_reading()` (the lifespan takes it once the application has started)."""
+        self._sampler = self._make_sampler()
+        self._loops = [loop for loop in (self._sampler, self._make_monitor()) if loop is not None]
+        self.ready = False
+        error: BaseException | None = None
+        async with anyio.create_task_group() as task_group:
+            for loop in self._loops:
+                task_group.start_soon(loop.run)
+            try:
+                if first_reading:
+                    await self.first_reading()
+                yield
+            except BaseException as exc:  # re-raised below, not wrapped in an ExceptionGroup
+                error = exc
+            self.stop()
+        if error is not None:
+            raise error
+
+    async def first_reading(self) -> None:
+        """Take a reading now (the model is loaded, nothing runs) and mark the gate ready."""
+        if self._sampler is not None:
+            await self._sampler.fresh_reading(self._first_reading_timeout_s)
+        self.ready = True
+        if self._ready_event is not None:
+            self._ready_event.set()
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+        if self._stop is not None:
+            self._stop.set()
+
+    async def start_without_lifespan(self) -> None:
+        """No lifespan ran: start the loops in a task of their own, and wait for the first reading.
+
+        Only on asyncio, where a task can outlive the request that started it; elsewhere the gate
+        runs on OOM and latency signals until a lifespan or `running()` starts it.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.ready = True
+            return
+        if self._task is None:
+            self._ready_event, self._stop = anyio.Event(), anyio.Event()
+            self._task = loop.create_task(self._serve_until_stopped(self._stop))
+        with anyio.move_on_after(self._first_reading_timeout_s + 1.0):
+            await self._ready_event.wait()  # type: ignore[union-attr]
+        self.ready = True
+
+    async def _serve_until_stopped(self, stop: anyio.Event) -> None:
+        async with self.running():
+            await stop.wait()
+
+    async def aclose(self) -> None:
+        """Stop the loops started without a lifespan; nothing is left running afterwards."""
+        self.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.wait([task])

@@ -1,0 +1,218 @@
+"""What the gate does beside admitting requests: it takes the background loops' reports (probe
+readings, the monitor's ticks) to the core and the diagnostics, and answers the operating endpoints
+(status, metrics, dashboard, readiness, operator limits) with renderings of one snapshot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+import anyio.to_thread
+
+from . import metrics as _metrics
+from ._background import FIRST_READING_WAIT_S, Background
+from ._operator import parse_limits
+from ._sampler import Monitor, Sampler
+from ._version import __version__
+from ._watch import Watch
+from ._workers import WorkerCount
+from .core import GateCore, Outcome, Ticket
+from .diagnostics import Diagnostics
+from .memory import MemorySample
+from .options import GateOptions
+from .probes import Probe, auto_probe, device_label
+from .statistics import GateStatistics, LimitChange
+from .status import status_document
+
+__all__ = ["MONITOR_PERIOD_S", "InSlot", "Operations"]
+
+logger = logging.getLogger("adaptive_gate")
+
+MONITOR_PERIOD_S = 0.1
+
+
+class InSlot:
+    """One admitted request while it holds its slot: what the send watchdog needs to see."""
+
+    __slots__ = ("ticket", "sending_since_s", "abandoned")
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.sending_since_s: float | None = None
+        self.abandoned = False
+
+
+class Operations:
+    def __init__(self, options: GateOptions, core: GateCore, diagnostics: Diagnostics) -> None:
+        self.options = options
+        self.core = core
+        self.diagnostics = diagnostics
+        self.watch = Watch(diagnostics, period_s=MONITOR_PERIOD_S)
+        self.metrics = _metrics.GateMetrics(self.statistics) if _metrics.available() else None
+        self.in_slot: dict[InSlot, None] = {}
+        self.background = Background(
+            make_sampler=self._make_sampler,
+            make_monitor=lambda: Monitor(period_s=MONITOR_PERIOD_S, on_tick=self._on_tick),
+            first_reading_timeout_s=FIRST_READING_WAIT_S + options.probe_timeout,
+        )
+        self._workers = WorkerCount(options.workers)
+        self._thread_pool_tokens: float | None = None
+        self._warned_thread_pool = False
+        core.limit_listeners.append(self._limit_changed)
+
+    # -- what the loops report -----------------------------------------------------------------
+
+    def _on_tick(self, now_s: float, lag_s: float) -> None:
+        self._abandon_stuck_sends(now_s)
+        core = self.core
+        min_limit, max_limit = core.bounds()
+        self.watch.tick(
+            now_s,
+            lag_s,
+            limiter=core.limiter.statistics(),
+            sample=core.probe.last_sample,
+            min_limit=min_limit,
+            max_limit=max_limit,
+            probe_errors_in_row=core.probe.consecutive_errors,
+        )
+
+    def _abandon_stuck_sends(self, now_s: float) -> None:
+        """A client that reads nothing holds no slot past `send_timeout`: the slot is for GPU work."""
+        for in_slot in self.in_slot:
+            since_s = in_slot.sending_since_s
+            if since_s is not None and now_s - since_s >= self.options.send_timeout:
+                in_slot.abandoned = True
+                self.core.release(in_slot.ticket, now_s, Outcome.FAILED)
+
+    def _on_sample(self, sample: MemorySample) -> None:
+        now_s = time.monotonic()
+        core = self.core
+        core.sample(sample, now_s)
+        self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
+
+    def _on_probe_error(self, message: str) -> None:
+        if self.core.probe_error(message):
+            logger.warning("adaptive_gate: %s; serving on OOM and latency signals meanwhile", message)
+
+    def _on_probe(self, probe: Probe | None, description: str) -> None:
+        description = description or f"probe: {probe!r}"
+        simulated = bool(getattr(probe, "simulated", False))
+        self.core.probe_found(description, device_label(probe), simulated=simulated)
+        logger.info("adaptive_gate: %s", description)
+
+    def _limit_changed(self, change: LimitChange) -> None:
+        logger.info(
+            "adaptive_gate limit change: old=%d new=%d reason=%s",
+            change.old,
+            change.new,
+            json.dumps(change.reason),
+            extra={"adaptive_gate": {"event": "limit_change", "old": change.old, "new": change.new,
+                                     "reason": change.reason}},
+        )  # fmt: skip
+        self._warn_thread_pool(change.new)
+
+    # -- what the endpoints ask ----------------------------------------------------------------
+
+    def statistics(self) -> GateStatistics:
+        """A snapshot of everything the gate knows; reading it changes nothing."""
+        workers, source = self._workers.get()
+        stats = self.core.statistics()
+        return replace(
+            stats,
+            probe=replace(stats.probe, running=self.background.sampler_running),
+            workers=workers,
+            workers_source=source,
+            loop_lag_s=self.watch.loop_lag_s,
+            findings=tuple(self.diagnostics.findings()),
+            finding_appearances=self.diagnostics.appearances(),
+        )
+
+    def status(self, stats: GateStatistics | None = None) -> dict[str, Any]:
+        """The document served at `status_path`. Nothing secret: the token shows only as set or not."""
+        stats = stats or self.statistics()
+        return status_document(stats, options=self.options.describe(), version=__version__, pid=os.getpid())
+
+    def metrics_body(self) -> bytes | None:
+        """Prometheus exposition, or None where prometheus-client is not installed."""
+        return None if self.metrics is None else self.metrics.render()
+
+    def dashboard_data(self) -> dict[str, Any]:
+        stats = self.statistics()
+        return {
+            "now_unix_s": round(time.time(), 3),
+            "status": self.status(stats),
+            "history": self.watch.history.columns(),
+            "oom_unix_s": list(stats.oom_unix_s),
+        }
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        return self.core.readiness()
+
+    def degraded(self) -> list[str]:
+        return self.core.degraded()
+
+    def operator_limits(self) -> dict[str, Any]:
+        core = self.core
+        return {
+            "limit": core.limiter.limit,
+            "controller_limit": core.controller.limit,
+            "operator": None if core.operator is None else core.operator.describe(),
+            "configured": {"min_limit": self.options.min_limit, "max_limit": self.options.max_limit},
+        }
+
+    def set_operator_limits(self, body: object) -> dict[str, Any]:
+        """Pin or bound the limit at run time (`PUT limits_path`); LimitsError leaves all as it was."""
+        options = self.options
+        bounds = parse_limits(body, configured_min=options.min_limit, configured_max=options.max_limit)
+        self.core.set_operator(bounds, time.monotonic())
+        operator = self.core.operator
+        logger.info(
+            "adaptive_gate: operator limits set to %s",
+            "the configured bounds" if operator is None else f"[{operator.min_limit}, {operator.max_limit}]",
+        )
+        return self.operator_limits()
+
+    def _make_sampler(self) -> Sampler | None:
+        if self.options.probe is None:
+            self.core.probe_found("probe: none (probe=None), the gate runs on OOM and latency signals", "none",
+                                  simulated=False)  # fmt: skip
+            return None
+        return Sampler(
+            self._resolve_probe,
+            period_s=self.options.sample_period,
+            timeout_s=self.options.probe_timeout,
+            on_probe=self._on_probe,
+            on_sample=self._on_sample,
+            on_error=self._on_probe_error,
+        )
+
+    def _resolve_probe(self) -> tuple[Probe | None, str]:
+        if self.options.probe == "auto":
+            return auto_probe()
+        probe: Probe = self.options.probe  # type: ignore[assignment]
+        return probe, f"probe: {probe!r}"
+
+    def read_thread_pool(self) -> None:
+        if self._thread_pool_tokens is None:
+            try:
+                self._thread_pool_tokens = anyio.to_thread.current_default_thread_limiter().total_tokens
+            except Exception:  # no running loop anyio knows: nothing to compare against
+                self._thread_pool_tokens = None
+
+    def _warn_thread_pool(self, limit: int) -> None:
+        tokens = self._thread_pool_tokens
+        if tokens is None or limit <= tokens or self._warned_thread_pool:
+            return
+        self._warned_thread_pool = True
+        logger.warning(
+            "adaptive_gate: the limit reached %d but sync routes share a thread pool of %d tokens, so at most %d "
+            "of them run at once; raise anyio.to_thread.current_default_thread_limiter().total_tokens "
+            "if the GPU holds more",
+            limit,
+            tokens,
+            tokens,
+        )

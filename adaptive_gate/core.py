@@ -1,0 +1,394 @@
+"""`GateCore`: the gate's bookkeeping, loop-free, with the time passed in.
+
+Think of it as the gate with the network taken away. It owns the limiter, the controller, the
+operator's bounds, the counters, the recent service times and queue waits, the log of limit
+changes and the accounting of out-of-memory errors. It is told what happens (a request admitted,
+a request released with its outcome, an OOM, a memory reading, a probe error) and answers
+questions (may this one go in now, how long should a client wait before retrying, is the replica
+ready, what are the figures). It never awaits, sleeps or reads a clock for its decisions: every
+event carries `now_s`.
+
+Two drivers run it: `AdaptiveGate` (the ASGI middleware, on the monotonic clock) and
+`adaptive_gate.simulation` (virtual time). So a controller tuned in the simulator is the one that
+serves, and a test can feed both one sequence of events and compare what they did.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from enum import Enum
+
+from ._operator import OperatorBounds
+from .control import Controller
+from .limiter import Limiter, Waiter
+from .memory import MemorySample
+from .statistics import ControllerStatistics, GateStatistics, Histogram, LimitChange, ProbeStatistics
+from .status import BucketCounts, Counters, RecentValues
+
+__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "make_core"]
+
+logger = logging.getLogger("adaptive_gate")
+
+ADMITTED = "admitted"
+MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
+PROBE_BROKEN_AFTER_ERRORS = 3  # the probe shows as degraded after this many failed readings in a row
+QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Outcome(Enum):
+    COMPLETED = "completed"  # a response below 400: a latency sample for the controller
+    FAILED = "failed"  # 4xx/5xx, an exception, a cancellation, a client gone: no sample
+    OOM = "oom"  # it ran out of memory (the OOM itself is reported with `oom`)
+
+
+class Ticket:
+    """One admitted request's hold on a slot, given back exactly once through `GateCore.release`."""
+
+    __slots__ = ("admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released")
+
+    def __init__(self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool) -> None:
+        self.admitted_s = admitted_s
+        self.busy_area_at_admission = busy_area
+        self.epoch = epoch
+        # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
+        self.serial = serial
+        self.alone_at_admission = alone
+        self.released = False
+
+
+class _Probe:
+    """How the memory probe fares, as the events have told it."""
+
+    def __init__(self) -> None:
+        self.description = "not started"
+        self.device = "none"
+        self.simulated = False
+        self.last_sample: MemorySample | None = None
+        self.last_error: str | None = None
+        self.errors = 0
+        self.consecutive_errors = 0
+
+
+class GateCore:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        min_limit: int,
+        max_limit: int,
+        max_queue: int,
+        max_retry_after_s: int,
+        clock: Callable[[], float],
+        unix_offset_s: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        self.controller = controller
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.max_retry_after_s = max_retry_after_s
+        # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
+        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock)
+        self.operator: OperatorBounds | None = None
+        self.counters = Counters()
+        self.queue_wait_s = RecentValues()
+        self.service_s = RecentValues()
+        self.queue_wait_histogram = BucketCounts(QUEUE_WAIT_BUCKETS_S)
+        self.service_histogram = BucketCounts(SERVICE_BUCKETS_S)
+        self.limit_changes: deque[LimitChange] = deque(maxlen=32)
+        self.oom_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
+        self.probe = _Probe()
+        self.limit_listeners: list[Callable[[LimitChange], None]] = []
+        self._unix_offset_s = unix_offset_s
+        self._random = random.Random(seed)
+        self._ooms_from_errors = 0
+        self._ooms_from_probe_counted = 0
+        self._probe_oom_start: int | None = None
+        self._probe_oom_epoch = 0
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def arrive(self, timeout_s: float) -> str | Waiter:
+        """A request may run: `ADMITTED` (a slot now), a `Waiter` (a place in the line, whose slot
+        comes with a release or a higher limit), or the reason to turn it away: "queue_full", or
+        "deadline" when the expected wait is already longer than the `timeout_s` it may wait."""
+        limiter = self.limiter
+        if limiter.try_acquire():
+            return ADMITTED
+        if limiter.queued >= limiter.max_queue:
+            return "queue_full"
+        estimate_s = self.expected_wait_s(limiter.queued)
+        if estimate_s is not None and estimate_s > timeout_s:
+            return "deadline"
+        return limiter.join()
+
+    def leave(self, waiter: Waiter) -> None:
+        """Give the place back, or the slot if it came meanwhile."""
+        self.limiter.leave(waiter)
+
+    def admitted(self, now_s: float, waited_s: float) -> Ticket:
+        """A request holds a slot (from `try_acquire` or a granted waiter) and starts now."""
+        self.counters.admitted += 1
+        self.queue_wait_s.add(waited_s)
+        self.queue_wait_histogram.observe(waited_s)
+        limiter = self.limiter
+        alone = limiter.in_flight == 1
+        return Ticket(now_s, limiter.busy_area(), self.controller.epoch, self.counters.admitted, alone)
+
+    def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
+        """The request ended: its slot goes back, and a success teaches the controller its latency."""
+        if ticket.released:
+            return
+        ticket.released = True
+        limiter = self.limiter
+        in_flight = limiter.in_flight
+        busy_area = limiter.busy_area()
+        limiter.release()
+        if outcome is not Outcome.COMPLETED:
+            if outcome is Outcome.OOM:
+                self.counters.admitted_ooms += 1
+            else:
+                self.counters.failed += 1
+            return
+        latency_s = now_s - ticket.admitted_s
+        # The mean number of requests this one ran alongside (itself included), not a snapshot.
+        concurrency = (busy_area - ticket.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
+        self.counters.completed += 1
+        self.service_s.add(latency_s)
+        self.service_histogram.observe(latency_s)
+        demand = limiter.queued > 0 or in_flight >= limiter.limit
+        if self.operator is not None and self.controller.limit >= self.operator.max_limit:
+            demand = False  # held down by the operator: growing underneath would only creep
+        self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
+        self._apply_limit(now_s)
+
+    def oom(self, ticket: Ticket, now_s: float) -> bool:
+        """A gated request ran out of memory; True when it ran alone (too large, not congestion)."""
+        limiter = self.limiter
+        alone = ticket.alone_at_admission and ticket.serial == self.counters.admitted and limiter.in_flight == 1
+        self._count_ooms(1, now_s)
+        self._ooms_from_errors += 1
+        if not alone:  # one request that does not fit even alone: cutting would only starve the others
+            self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=limiter.in_flight)
+            self._apply_limit(now_s)
+        return alone
+
+    def rejected(self, reason: str, *, timed_out: bool = False) -> int:
+        """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
+        `timed_out`: it waited in the queue until its deadline."""
+        self.counters.reject(reason)
+        self.counters.timed_out += timed_out
+        return self.retry_after_s()
+
+    def left(self) -> None:
+        """The client left before its request was admitted."""
+        self.counters.left_queue += 1
+
+    def body_refused(self, *, too_large: bool) -> None:
+        """The body was too large (413) or too slow (408): the client's doing, no capacity answer."""
+        if too_large:
+            self.counters.bodies_too_large += 1
+        else:
+            self.counters.body_timeouts += 1
+
+    def failed(self) -> None:
+        """A gated route raised something other than an out-of-memory error."""
+        self.counters.errors += 1
+
+    # -- the probe ------------------------------------------------------------------------------
+
+    def probe_found(self, description: str, device: str, *, simulated: bool) -> None:
+        self.probe.description, self.probe.device, self.probe.simulated = description, device, simulated
+
+    def sample(self, sample: MemorySample, now_s: float) -> None:
+        probe = self.probe
+        probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
+        self._count_swallowed_ooms(sample, now_s)
+        self._apply_limit(now_s)
+
+    def probe_error(self, message: str) -> bool:
+        """A failed reading; True when its message differs from the last one (worth a log line)."""
+        probe = self.probe
+        probe.errors += 1
+        probe.consecutive_errors += 1
+        new = probe.last_error != message
+        probe.last_error = message
+        return new
+
+    def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
+        """OOMs the application caught itself show only in the probe's cumulative count."""
+        if sample.oom_count is None:
+            return
+        if self._probe_oom_start is None:
+            self._probe_oom_start = sample.oom_count - self._ooms_from_errors
+        unseen = sample.oom_count - self._probe_oom_start - self._ooms_from_errors - self._ooms_from_probe_counted
+        if unseen > 0:
+            self._ooms_from_probe_counted += unseen
+            self._count_ooms(unseen, now_s)
+            # Cut at most once for what happened since the previous sample.
+            self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
+        self._probe_oom_epoch = self.controller.epoch
+
+    def _count_ooms(self, ooms: int, now_s: float) -> None:
+        self.counters.ooms += ooms
+        self.oom_s.append(now_s)
+
+    # -- the limit ------------------------------------------------------------------------------
+
+    def set_operator(self, bounds: OperatorBounds | None, now_s: float) -> None:
+        """Pin or bound the limit at run time (None: back to the configured bounds)."""
+        if bounds is not None and bounds == OperatorBounds(self.min_limit, self.max_limit):
+            bounds = None
+        self.operator = bounds
+        self._apply_limit(now_s, "operator" if bounds is not None else "operator reset")
+
+    def bounds(self) -> tuple[int, int]:
+        """The bounds in force: the operator's where set, else the configured ones."""
+        if self.operator is None:
+            return self.min_limit, self.max_limit
+        return self.operator.min_limit, self.operator.max_limit
+
+    def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
+        new_limit = self.controller.limit
+        operator = self.operator
+        if operator is not None and operator.clamp(new_limit) != new_limit:
+            new_limit = operator.clamp(new_limit)
+            reason = reason or ("operator pin" if operator.pinned else "operator bounds")
+        old_limit = self.limiter.limit
+        if new_limit == old_limit:
+            return
+        self.limiter.limit = new_limit
+        if new_limit > old_limit:
+            self.counters.limit_increases += 1
+        else:
+            self.counters.limit_decreases += 1
+        change = LimitChange(
+            round(now_s + self._unix_offset_s, 3), old_limit, new_limit, reason or self.controller.reason
+        )
+        self.limit_changes.append(change)
+        for listener in self.limit_listeners:
+            listener(change)
+
+    # -- answers --------------------------------------------------------------------------------
+
+    def expected_wait_s(self, ahead: int) -> float | None:
+        """How long one more request behind `ahead` others would wait, from recent service times."""
+        mean_service_s = self.service_s.mean()
+        if mean_service_s is None:
+            return None
+        return (ahead + 1) * mean_service_s / self.limiter.limit
+
+    def retry_after_s(self) -> int:
+        estimate_s = self.expected_wait_s(self.limiter.queued)
+        if estimate_s is None:
+            estimate_s = MAX_REQUEST_SECONDS_ASSUMED
+        # Jitter, so that the clients turned away together do not all come back together.
+        estimate_s += self._random.uniform(0.0, 0.5 + 0.25 * estimate_s)
+        return max(1, min(self.max_retry_after_s, math.ceil(estimate_s)))
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether to send this replica traffic now, and if not, why.
+
+        Only a full queue makes a replica unready. A broken probe does not: an NVML outage hits
+        every replica at once, and taking them all out of rotation would turn a blind gate (which
+        still serves on OOM and latency signals) into no service at all. It shows in `degraded`.
+        """
+        limiter = self.limiter
+        if limiter.queued >= limiter.max_queue and limiter.in_flight >= limiter.limit:
+            return False, [f"the queue is full ({limiter.queued} waiting)"]
+        return True, []
+
+    def degraded(self) -> list[str]:
+        """What the gate serves without, while it still serves: said beside readiness, never instead of it."""
+        errors = self.probe.consecutive_errors
+        if errors >= PROBE_BROKEN_AFTER_ERRORS:
+            return [f"the memory probe failed {errors} times in a row; serving on OOM and latency signals"]
+        return []
+
+    def statistics(self) -> GateStatistics:
+        limiter = self.limiter.statistics()
+        min_limit, max_limit = self.bounds()
+        ready, not_ready = self.readiness()
+        probe = self.probe
+        controller = self._controller_statistics()
+        return GateStatistics(
+            limit=limiter.limit,
+            in_flight=limiter.in_flight,
+            queued=limiter.queued,
+            max_queue=limiter.max_queue,
+            min_limit=min_limit,
+            max_limit=max_limit,
+            bound=self._bound(controller),
+            operator=None if self.operator is None else self.operator.describe(),
+            counters=asdict(self.counters),
+            queue_wait_ms=self.queue_wait_s.percentiles_ms(),
+            service_ms=self.service_s.percentiles_ms(),
+            queue_wait_histogram=Histogram(
+                tuple(self.queue_wait_histogram.cumulative()), self.queue_wait_histogram.sum_s
+            ),
+            service_histogram=Histogram(tuple(self.service_histogram.cumulative()), self.service_histogram.sum_s),
+            controller=controller,
+            probe=ProbeStatistics(
+                probe.description,
+                probe.device,
+                probe.simulated,
+                False,
+                probe.last_sample,
+                probe.last_error,
+                probe.errors,
+                probe.consecutive_errors,
+            ),  # fmt: skip
+            limit_changes=tuple(self.limit_changes),
+            ready=ready,
+            not_ready=tuple(not_ready),
+            degraded=tuple(self.degraded()),
+            oom_unix_s=tuple(round(t + self._unix_offset_s, 3) for t in self.oom_s),
+        )
+
+    def _controller_statistics(self) -> ControllerStatistics:
+        details = dict(self.controller.describe())
+        name = str(details.pop("controller", type(self.controller).__name__.lower()))
+        bound = str(details.pop("bound", "controller"))
+        return ControllerStatistics(
+            name, self.controller.limit, bound, self.controller.epoch, self.controller.reason, details
+        )
+
+    def _bound(self, controller: ControllerStatistics) -> str:
+        """Which bound sets the limit now: the controller's own answer, unless the operator clamps it."""
+        operator = self.operator
+        if operator is not None and operator.clamp(controller.limit) != controller.limit:
+            return "operator"
+        return controller.bound
+
+
+def make_core(
+    controller: Controller,
+    *,
+    min_limit: int,
+    max_limit: int,
+    initial_limit: int | None,
+    max_queue: int,
+    max_retry_after_s: int,
+    clock: Callable[[], float],
+    unix_offset_s: float = 0.0,
+    seed: int | None = None,
+) -> GateCore:
+    """A core around `controller`, bound to the bounds: what the middleware and the simulator both build."""
+    if not isinstance(controller, Controller):
+        raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
+    controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
+    return GateCore(
+        controller,
+        min_limit=min_limit,
+        max_limit=max_limit,
+        max_queue=max_queue,
+        max_retry_after_s=max_retry_after_s,
+        clock=clock,
+        unix_offset_s=unix_offset_s,
+        seed=seed,
+    )
