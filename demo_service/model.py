@@ -43,8 +43,8 @@ MODEL_NAMES = (DEFAULT_MODEL, *ARCHITECTURES)
 class Preprocessing:
     """What the weights were trained on: pixels scaled to [0, 1], then `(x - mean) / std` per channel.
 
-    The geometry is the same for every model (a centred square crop of 87.5% of the short side, resized
-    to the input side; see `inference.decode_image`); the normalisation is the weights' own.
+    The geometry is the same for every model (the whole image resized to the square input, bicubic;
+    see `inference.decode_image`); the normalisation is the weights' own.
     """
 
     mean: tuple[float, float, float]
