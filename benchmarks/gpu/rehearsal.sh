@@ -45,8 +45,9 @@ image() {
 carried_set() {
     # Exactly the GPU machine's install (run.sh), into a fresh folder, then: do the modules import, and
     # does pip find every requirement of every distribution satisfied (a missing wheel fails here)?
-    local venv=$1 wheels=$2 site
-    site=$(mktemp -d)
+    local venv=$1 wheels=$2
+    site=$(mktemp -d) # global: the trap runs after the function has returned
+    trap 'rm -rf "$site"' EXIT
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile \
         --target "$site" "$wheels"/*.whl
     PYTHONPATH="$site:$PWD" "$venv/bin/python" -c "
@@ -55,7 +56,6 @@ for name in '$CARRIED_MODULES adaptive_gate'.split():
     importlib.import_module(name)
 print('carried set imports on', sys.version.split()[0])"
     PYTHONPATH="$site" "$venv/bin/python" -m pip check --disable-pip-version-check
-    rm -rf "$site"
 }
 
 case "${1:-}" in
