@@ -125,3 +125,33 @@ def test_the_gpu_script_rehearsed_on_the_cpu_from_a_clean_clone(tmp_path: Path) 
     assert bench["complete"] and set(bench["runs"]["classic"]) == {"none", "adaptive", "static:5"}
     assert all("error" not in run for run in bench["runs"]["classic"].values()), bench["runs"]
     assert all(row.split("\t")[1] == "0" for row in steps.strip().splitlines()), steps
+
+
+def test_http_demo_writes_its_json_after_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed during its second run (the GPU script's time limit), the benchmark keeps the first."""
+    from benchmarks import http_demo
+
+    runs: list[str] = []
+
+    def one_run(scenario: str, policy: str, *args: object) -> dict[str, object]:
+        runs.append(policy)
+        if len(runs) == 2:
+            raise KeyboardInterrupt  # what a kill looks like from inside
+        return {"goodput_per_s": 1.0, "p99_ms": 5, "503": 0, "500": 0, "gave_up": 0}
+
+    monkeypatch.setattr(http_demo, "one_run", one_run)
+    argv = ["--rate", "10", "--scenarios", "classic", "--policies", "none,adaptive", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        http_demo.main(argv)
+    document = json.loads((tmp_path / "http_demo.json").read_text())
+    assert list(document["runs"]["classic"]) == ["none"] and document["complete"] is False
+
+
+def test_http_demo_starts_no_run_past_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import http_demo
+
+    monkeypatch.setattr(http_demo, "one_run", lambda *args: pytest.fail("no run fits in the budget"))
+    http_demo.main(["--rate", "10", "--policies", "none", "--scenarios", "classic", "--duration-s", "5",
+                    "--budget-s", "3", "--out", str(tmp_path)])  # fmt: skip
+    document = json.loads((tmp_path / "http_demo.json").read_text())
+    assert document["complete"] is False and document["skipped"][0].startswith("classic/none: out of time")
