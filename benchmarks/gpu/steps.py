@@ -270,20 +270,24 @@ def forward(model: Any, images: Any, device: Any) -> None:
 
 
 def batches_at_fraction(model: Any, device: Any, side: int, fraction: float) -> dict[str, Any]:
-    """Under the cap: five images at once fit, eight need not; and how many OOMs cuDNN caught itself
-    while they ran (those raise `num_ooms` on passes that succeed: why the demo's probe leaves it out)."""
+    """Under the cap: the peak of one image again (cuDNN may now pick smaller workspaces than it did
+    uncapped), five images at once fit, eight need not; and how many OOMs cuDNN caught itself while
+    they ran (those raise `num_ooms` on passes that succeed: why the demo's probe leaves it out)."""
     import torch
 
     torch.cuda.set_per_process_memory_fraction(fraction, device.index)
     torch.cuda.empty_cache()
     found: dict[str, Any] = {}
-    for batch in (5, 8):
+    for batch in (1, 5, 8):
         ooms_before = torch.cuda.memory_stats(device).get("num_ooms", 0)
+        base_bytes = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         try:
             forward(model, torch.zeros(batch, 3, side, side), device)
             outcome: dict[str, Any] = {"ok": True}
         except Exception as exc:
             outcome = {"ok": False, "error": type(exc).__name__}
+        outcome["peak_bytes"] = torch.cuda.max_memory_allocated(device) - base_bytes
         outcome["num_ooms_delta"] = torch.cuda.memory_stats(device).get("num_ooms", 0) - ooms_before
         found[f"batch_{batch}"] = outcome
         torch.cuda.empty_cache()
