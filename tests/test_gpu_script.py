@@ -112,8 +112,11 @@ def test_the_gpu_script_rehearsed_on_the_cpu_from_a_clean_clone(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTORCH_CUDA_ALLOC_CONF")}
     env["OUT"] = str(out)
     started = time.monotonic()
-    done = subprocess.run(["bash", "benchmarks/gpu/run.sh", "--rehearse"], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    try:
+        done = subprocess.run(["bash", "benchmarks/gpu/run.sh", "--rehearse"], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)  # its venvs hold torch: a GiB each run would keep
     took_s = time.monotonic() - started
     steps = (out / "steps.tsv").read_text() if (out / "steps.tsv").exists() else "(no steps.tsv)"
     assert done.returncode == 0, f"rehearsal failed after {took_s:.0f} s; steps:\n{steps}\n{done.stdout[-6000:]}"
