@@ -79,13 +79,13 @@ if [ "$REHEARSE" = 1 ]; then
     fi
     step image-"$PYTHON_VERSION" 240 bash benchmarks/gpu/rehearsal.sh image "$R/image-$PYTHON_VERSION" python3 "torch==${REHEARSAL_TORCH:-2.13.0}"
     PY=$R/image-$PYTHON_VERSION/bin/python
-    DEVICE=cpu MODEL=resnet-tiny SIDE=96 BURST=16 FALLBACK_CARD="--simulated-vram 768MiB"
+    DEVICE=cpu MODEL=resnet-tiny SIDE=96 BURST=16 FALLBACK_CARD="--simulated-vram 768MiB" TWIN=--rehearse
     HTTP_ARGS=(--policies none,adaptive,static:5 --duration-s 3 --deadline-s 3 --capacity-s 2)
 else
     PY=${PYTHON:-python3}
     PYTHON_VERSION=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     WHEELS=.whl
-    DEVICE=cuda MODEL=resnet50 SIDE=1024 BURST=16 FALLBACK_CARD="--vram-fraction 0.01"
+    DEVICE=cuda MODEL=resnet50 SIDE=1024 BURST=16 FALLBACK_CARD="--vram-fraction 0.01" TWIN=
     HTTP_ARGS=(--policies none,adaptive,static:5,static:8,static:3 --duration-s 12 --capacity-s 5)
 fi
 
@@ -98,8 +98,10 @@ step install 60 "$PY" benchmarks/gpu/wheelset.py install "$WHEELS" "$SITE" # pip
 export PYTHONPATH="$ROOT:$SITE"
 
 step env 30 "$PY" -m benchmarks.gpu.steps env --out "$OUT"
-step probes 60 "$PY" -m benchmarks.gpu.steps probes --out "$OUT"
-step sizing 90 "$PY" -m benchmarks.gpu.steps sizing --out "$OUT" --model "$MODEL" --image-side "$SIDE"
+# shellcheck disable=SC2086  # TWIN is --rehearse or nothing
+step probes 60 "$PY" -m benchmarks.gpu.steps probes --out "$OUT" $TWIN
+# shellcheck disable=SC2086
+step sizing 90 "$PY" -m benchmarks.gpu.steps sizing --out "$OUT" --model "$MODEL" --image-side "$SIDE" $TWIN
 CARD=$("$PY" -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["demo_args"]))' "$OUT/sizing.json" 2>/dev/null) ||
     CARD=$FALLBACK_CARD
 echo "== the card for the demo: $CARD"

@@ -387,9 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-side", type=int, default=1024)
     parser.add_argument("--demo-args", default="", help="the demo's device and card flags, as one string")
     parser.add_argument("--burst", type=int, default=16)
+    parser.add_argument("--rehearse", action="store_true", help="without CUDA, run on a SimulatedGPU, not fail")
     args = parser.parse_args(argv)
     if args.step == "env":
         return write(args.out, "env", environment())
+    if args.step in ("probes", "sizing") and not args.rehearse and not cuda_available():
+        # On the GPU run a simulated figure would pass for a real one: say what is missing instead.
+        return write(args.out, args.step, {"error": "torch sees no CUDA device (--rehearse runs the CPU twin)",
+                                            "checks": {"cuda_available": False}})  # fmt: skip
     if args.step == "probes":
         return write(args.out, "probes", probes_on_cuda() if cuda_available() else probes_simulated())
     if args.step == "sizing":
