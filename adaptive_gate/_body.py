@@ -84,10 +84,22 @@ def announced_length(scope: Scope) -> int | None:
 async def read_body(receive: Receive, *, max_body_bytes: int, budget: BodyBudget, timeout_s: float) -> Body:
     """Read until the last body message, a disconnect, or a bound; `outcome` says which.
 
+    The timer starts with the second message: the first costs a slow client nothing to withhold
+    (no slot, no buffer), and a body that comes whole in one message, as most do, needs none.
+
     Bytes taken from `budget` stay taken while the outcome is COMPLETE (the caller gives them back
     when the request is admitted or leaves); on every other outcome they are given back here.
     """
     body = Body(receive)
+    first = await receive()  # most bodies arrive whole in the first message: no timer for those
+    if first["type"] == "http.request" and not first.get("more_body", False):
+        chunk_bytes = len(first.get("body", b""))
+        if chunk_bytes <= max_body_bytes and budget.take(chunk_bytes):
+            body.nbytes = chunk_bytes
+            body._messages.append(first)
+            body.outcome = ReadOutcome.COMPLETE
+            return body
+    body._messages.append(first)  # read again below, under the timer, with the bounds
     try:
         with anyio.move_on_after(timeout_s):
             body.outcome = await _read(body, max_body_bytes, budget)
@@ -99,8 +111,10 @@ async def read_body(receive: Receive, *, max_body_bytes: int, budget: BodyBudget
 
 
 async def _read(body: Body, max_body_bytes: int, budget: BodyBudget) -> ReadOutcome:
+    pending: Message | None = body._messages.popleft()
     while True:
-        message = await body._receive()
+        message = pending if pending is not None else await body._receive()
+        pending = None
         if message["type"] == "http.disconnect":
             return ReadOutcome.DISCONNECTED
         chunk_bytes = len(message.get("body", b""))

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from ._sampler import Monitor, Sampler
 from ._version import __version__
 from ._watch import Watch
 from ._workers import WorkerCount
-from .core import GateCore, Outcome, Ticket
+from .core import GateCore, Outcome
 from .diagnostics import Diagnostics
 from .memory import MemorySample
 from .options import GateOptions
@@ -28,32 +29,23 @@ from .probes import Probe, auto_probe, device_label
 from .statistics import GateStatistics, LimitChange
 from .status import status_document
 
-__all__ = ["MONITOR_PERIOD_S", "InSlot", "Operations"]
+__all__ = ["MONITOR_PERIOD_S", "Operations"]
 
 logger = logging.getLogger("adaptive_gate")
 
 MONITOR_PERIOD_S = 0.1
 
 
-class InSlot:
-    """One admitted request while it holds its slot: what the send watchdog needs to see."""
-
-    __slots__ = ("ticket", "sending_since_s", "abandoned")
-
-    def __init__(self, ticket: Ticket) -> None:
-        self.ticket = ticket
-        self.sending_since_s: float | None = None
-        self.abandoned = False
-
-
 class Operations:
-    def __init__(self, options: GateOptions, core: GateCore, diagnostics: Diagnostics) -> None:
+    def __init__(
+        self, options: GateOptions, core: GateCore, diagnostics: Diagnostics, *, clock: Callable[[], float]
+    ) -> None:
+        self.clock = clock
         self.options = options
         self.core = core
         self.diagnostics = diagnostics
         self.watch = Watch(diagnostics, period_s=MONITOR_PERIOD_S)
         self.metrics = _metrics.GateMetrics(self.statistics) if _metrics.available() else None
-        self.in_slot: dict[InSlot, None] = {}
         self.background = Background(
             make_sampler=self._make_sampler,
             make_monitor=lambda: Monitor(period_s=MONITOR_PERIOD_S, on_tick=self._on_tick),
@@ -82,14 +74,14 @@ class Operations:
 
     def _abandon_stuck_sends(self, now_s: float) -> None:
         """A client that reads nothing holds no slot past `send_timeout`: the slot is for GPU work."""
-        for in_slot in self.in_slot:
-            since_s = in_slot.sending_since_s
-            if since_s is not None and now_s - since_s >= self.options.send_timeout:
-                in_slot.abandoned = True
-                self.core.release(in_slot.ticket, now_s, Outcome.FAILED)
+        for ticket in self.watch.running:
+            since_s = ticket.sending_since_s
+            if since_s is not None and now_s - since_s >= self.options.send_timeout and not ticket.abandoned:
+                ticket.abandoned = True
+                self.core.release(ticket, self.clock(), Outcome.FAILED)
 
     def _on_sample(self, sample: MemorySample) -> None:
-        now_s = time.monotonic()
+        now_s = self.clock()
         core = self.core
         core.sample(sample, now_s)
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
@@ -168,7 +160,7 @@ class Operations:
         """Pin or bound the limit at run time (`PUT limits_path`); LimitsError leaves all as it was."""
         options = self.options
         bounds = parse_limits(body, configured_min=options.min_limit, configured_max=options.max_limit)
-        self.core.set_operator(bounds, time.monotonic())
+        self.core.set_operator(bounds, self.clock())
         operator = self.core.operator
         logger.info(
             "adaptive_gate: operator limits set to %s",

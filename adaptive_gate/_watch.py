@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from ._routes import GatedRoute
+from .core import Ticket
 from .diagnostics import Diagnostics
 from .limiter import LimiterStatistics
 from .memory import MemorySample
@@ -55,16 +56,19 @@ class Watch:
         self.period_s = period_s
         self.history = History()
         self.loop_lag_s = 0.0
-        self._running: dict[object, GatedRoute] = {}
-        self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (route, released at)
+        # Every gated request holding a slot, by its ticket: the suspects of a stall (the async ones)
+        # and what the send watchdog looks through.
+        self.running: dict[Ticket, GatedRoute] = {}
+        self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (async route, released at)
         self._last_second_s = -math.inf
 
-    def started(self, key: object, route: GatedRoute) -> None:
-        self._running[key] = route
+    def started(self, ticket: Ticket, route: GatedRoute) -> None:
+        self.running[ticket] = route
 
-    def ended(self, key: object, now_s: float) -> None:
-        route = self._running.pop(key)
-        self._finished.append((route, now_s))
+    def ended(self, ticket: Ticket) -> None:
+        route = self.running.pop(ticket)
+        if route.is_async:  # only async routes can stall the loop
+            self._finished.append((route, time.monotonic()))
 
     def tick(
         self,
@@ -101,7 +105,7 @@ class Watch:
 
     def _routes_since(self, since_s: float) -> list[tuple[str, bool]]:
         """Gated async routes that ran at some point after `since_s`: the suspects of a stall."""
-        routes = [(route.label, route.is_async) for route in self._running.values()]
+        routes: list[tuple[str, bool]] = [(r.label, r.is_async) for r in self.running.values() if r.is_async]
         for route, released_s in reversed(self._finished):
             if released_s < since_s:
                 break

@@ -50,7 +50,10 @@ class Outcome(Enum):
 class Ticket:
     """One admitted request's hold on a slot, given back exactly once through `GateCore.release`."""
 
-    __slots__ = ("admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released")
+    __slots__ = (
+        "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
+        "sending_since_s", "abandoned",
+    )  # fmt: skip
 
     def __init__(self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool) -> None:
         self.admitted_s = admitted_s
@@ -60,6 +63,10 @@ class Ticket:
         self.serial = serial
         self.alone_at_admission = alone
         self.released = False
+        # Kept by the driver: since when its response has waited on the client (None: it does not),
+        # and whether it was given up for that.
+        self.sending_since_s: float | None = None
+        self.abandoned = False
 
 
 class _Probe:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,14 +24,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._body import Body, BodyBudget, ReadOutcome, read_body
 from ._endpoints import Endpoints, send_json
-from ._operations import InSlot, Operations
+from ._operations import Operations
 from ._routes import GatedRoute, RouteTable, route_path
 from .control import AIMD, Controller
 from .core import ADMITTED, Outcome, Ticket, make_core
 from .diagnostics import Diagnostics
 from .limiter import Waiter
 from .metrics import GateMetrics
-from .oom import is_oom
+from .oom import any_in_chain, is_oom
 from .options import HEALTH_PATHS, GateOptions
 from .probes import Probe
 from .statistics import GateStatistics
@@ -44,6 +44,8 @@ DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
 MONITOR_PERIOD_S = 0.1
 MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 CLOSE = [(b"connection", b"close")]
+HTTP_1 = ("1.1", "1.0")
+ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
 REJECTION_DETAILS = {
     "queue_full": "too many requests are waiting for the GPU",
     "deadline": "the expected wait is longer than the request's deadline",
@@ -58,7 +60,8 @@ class AdaptiveGate:
     """Pure ASGI middleware: `app.add_middleware(AdaptiveGate, **options)`.
 
     Options keep the meaning given in the README; see there for defaults and units. `controller`
-    and `diagnostics` are collaborators, not options: each gate needs its own.
+    and `diagnostics` are collaborators, not options: each gate needs its own. `clock` is the
+    monotonic clock the core's events are stamped with (a test can replay a run on a fake one).
     """
 
     def __init__(
@@ -91,9 +94,10 @@ class AdaptiveGate:
         max_buffered_bytes: int = 256 << 20,
         body_timeout: float = 30.0,
         send_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         options = dict(locals())
-        for collaborator in ("self", "app", "controller", "diagnostics", "__class__"):
+        for collaborator in ("self", "app", "controller", "diagnostics", "clock", "__class__"):
             options.pop(collaborator, None)
         self.app = app
         self.options = GateOptions(**options)
@@ -104,14 +108,17 @@ class AdaptiveGate:
             initial_limit=self.options.initial_limit,
             max_queue=self.options.max_queue,
             max_retry_after_s=self.options.max_retry_after,
-            clock=time.monotonic,
-            unix_offset_s=time.time() - time.monotonic(),
+            clock=clock,
+            unix_offset_s=time.time() - clock(),
         )
         if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
             raise TypeError(
                 f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
             )
-        self.ops = Operations(self.options, self.core, diagnostics if diagnostics is not None else Diagnostics())
+        self._clock = clock
+        self.ops = Operations(
+            self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
+        )
         self._endpoints = Endpoints(self.options)
         self._routes = RouteTable(self.options.tag, fallback_app=app)
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
@@ -142,76 +149,82 @@ class AdaptiveGate:
         await self._gated(route, scope, receive, send)
 
     async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
-        arrived_s = time.monotonic()
-        deadline_s, body_bytes = self._deadline_and_length(scope)
-        body = await self._read_body(receive, send, deadline_s, body_bytes)
-        if body is None:
-            return
-        core = self.core
-        try:
-            timeout_s = deadline_s - (time.monotonic() - arrived_s)  # the time reading the body took counts
-            admission = core.arrive(timeout_s)
-            if admission is not ADMITTED and not await self._wait_for_slot(admission, body, send, timeout_s):
+        clock = self._clock
+        arrived_s = clock()
+        deadline_s, length, has_body = self._request_head(scope)
+        body: Body | None = None
+        if has_body:
+            body = await self._read_body(receive, send, deadline_s, length)
+            if body is None:
                 return
-        finally:  # admitted or gone: the queue no longer holds these bytes
+            receive = body.receive
+        core = self.core
+        timeout_s = deadline_s - (clock() - arrived_s)  # the time reading the body took counts
+        admission = core.arrive(timeout_s)
+        if admission is not ADMITTED:
+            if body is None:  # waiting means listening for a disconnect: what is read meanwhile is replayed
+                body = Body(receive)
+                receive = body.receive
+            try:
+                if not await self._wait_for_slot(admission, body, send, timeout_s):
+                    return
+            finally:  # admitted or gone: the queue no longer holds these bytes
+                self._body_budget.give_back(body.nbytes)
+        elif body is not None:
             self._body_budget.give_back(body.nbytes)
-        now_s = time.monotonic()
-        in_slot = InSlot(core.admitted(now_s, now_s - arrived_s))
-        ops = self.ops
-        if route.is_async:  # only async routes can stall the loop: only they are watched
-            ops.watch.started(in_slot, route)
-        ops.in_slot[in_slot] = None
-        try:
-            await self._run_in_slot(in_slot, scope, body.receive, send)
-        finally:
-            del ops.in_slot[in_slot]
-            if route.is_async:
-                ops.watch.ended(in_slot, time.monotonic())
-
-    async def _run_in_slot(self, in_slot: InSlot, scope: Scope, receive: Receive, send: Send) -> None:
-        core, ticket = self.core, in_slot.ticket
+        now_s = clock()
+        ticket = core.admitted(now_s, now_s - arrived_s)
+        watch = self.ops.watch
+        watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample
         response_started = False
 
         async def send_and_release(message: Message) -> None:
             nonlocal informative, response_started
-            if in_slot.abandoned:
-                raise ClientNotReading("the client read nothing for send_timeout; the response was abandoned")
+            if ticket.abandoned:
+                raise ClientNotReading(ABANDONED)
             message_type = message["type"]
             if message_type == "http.response.start":
                 response_started = True
                 informative = message["status"] < 400
-            in_slot.sending_since_s = time.monotonic()  # the monitor's watchdog abandons a send stuck too long
+            ticket.sending_since_s = time.monotonic()  # the monitor's watchdog abandons a send stuck too long
             await send(message)
-            in_slot.sending_since_s = None
-            if in_slot.abandoned:
-                raise ClientNotReading("the client read nothing for send_timeout; the response was abandoned")
-            if message_type == "http.response.body" and not message.get("more_body", False):
-                core.release(ticket, time.monotonic(), Outcome.COMPLETED if informative else Outcome.FAILED)
-            elif message_type == "http.response.pathsend":
-                core.release(ticket, time.monotonic(), Outcome.COMPLETED if informative else Outcome.FAILED)
+            ticket.sending_since_s = None
+            if ticket.abandoned:
+                raise ClientNotReading(ABANDONED)
+            if (message_type == "http.response.body" and not message.get("more_body", False)) or (
+                message_type == "http.response.pathsend"
+            ):
+                core.release(ticket, clock(), Outcome.COMPLETED if informative else Outcome.FAILED)
 
         try:
             await self.app(scope, receive, send_and_release)
-        except ClientNotReading as exc:
-            logger.info("adaptive_gate: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception as exc:
+            if any_in_chain(exc, _not_reading):
+                logger.info("adaptive_gate: %s %s: %s", scope["method"], scope["path"], ABANDONED)
+                return  # the response is cut short: the server closes the connection
             if not is_oom(exc):
                 core.failed()
                 raise
-            now_s = time.monotonic()
-            alone = core.oom(ticket, now_s)
-            core.release(ticket, now_s, Outcome.OOM)
-            if response_started:
-                raise  # mid-stream: the status line is gone, the server must close the connection
-            self._log_oom(ticket, scope, alone=alone)
-            if alone:
-                detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
-                await self._reject(send, "too_large", detail)
-            else:
-                await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+            await self._out_of_memory(ticket, scope, send, response_started)
         finally:
-            core.release(ticket, time.monotonic(), Outcome.FAILED)
+            watch.ended(ticket)
+            if not ticket.released:  # an exception, a cancellation, a response never finished
+                core.release(ticket, clock(), Outcome.FAILED)
+
+    async def _out_of_memory(self, ticket: Ticket, scope: Scope, send: Send, response_started: bool) -> None:
+        """The route ran out of memory: the core hears of it, and the client gets a 503 if it still can."""
+        now_s = self._clock()
+        alone = self.core.oom(ticket, now_s)
+        self.core.release(ticket, now_s, Outcome.OOM)
+        if response_started:
+            raise  # mid-stream: the status line is gone, the server must close the connection
+        self._log_oom(ticket, scope, alone=alone)
+        if alone:
+            detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
+            await self._reject(send, "too_large", detail)
+        else:
+            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
 
     def _log_oom(self, ticket: Ticket, scope: Scope, *, alone: bool) -> None:
         # One line per congestion event, not per request: a burst of OOMs is one story.
@@ -229,23 +242,27 @@ class AdaptiveGate:
             " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
         )
 
-    def _deadline_and_length(self, scope: Scope) -> tuple[float, int | None]:
-        """Seconds this request may wait (`queue_timeout`, or sooner if the proxy says so), and the
-        body's length as `content-length` announces it: both from one pass over the headers."""
-        deadline_s, length = self.options.queue_timeout, None
+    def _request_head(self, scope: Scope) -> tuple[float, int | None, bool]:
+        """From one pass over the headers: the seconds this request may wait (`queue_timeout`, or
+        sooner if the proxy says so), the body's announced length, and whether a body may come."""
+        deadline_s, length, chunked = self.options.queue_timeout, None, False
         for name, value in scope["headers"]:
             if name == DEADLINE_HEADER:
                 # Digits only (int() takes "1_000" and " 5"); more than 12 of them is past any
                 # timeout we keep, and would overflow the float division. Malformed: ignored.
                 if value.isdigit() and len(value) <= 12:
                     deadline_s = min(deadline_s, int(value) / 1000)
-            elif name == b"content-length" and value.isdigit() and len(value) <= 18:
-                length = int(value)
-        return deadline_s, length
+            elif name == b"content-length":
+                length = int(value) if value.isdigit() and len(value) <= 18 else -1
+            elif name == b"transfer-encoding":
+                chunked = True
+        # HTTP/1 says a request has a body only with one of those two headers; HTTP/2 and 3 need neither.
+        has_body = chunked or length != 0 and (length is not None or scope.get("http_version") not in HTTP_1)
+        return deadline_s, length, has_body
 
     async def _read_body(self, receive: Receive, send: Send, deadline_s: float, length: int | None) -> Body | None:
         """The whole body, before the request may take a slot; None when already answered."""
-        if length is not None and length > self.options.max_body_bytes:
+        if length is not None and length > self.options.max_body_bytes:  # -1: unreadable, found out by reading
             await self._refuse_body(send, ReadOutcome.TOO_LARGE)
             return None
         timeout_s = min(self.options.body_timeout, max(deadline_s, MIN_BODY_READ_S))
@@ -360,3 +377,7 @@ class AdaptiveGate:
 
         async with background.running(first_reading=False):
             await self.app(scope, receive_and_watch, send_when_measured)
+
+
+def _not_reading(exc: BaseException) -> bool:
+    return isinstance(exc, ClientNotReading)

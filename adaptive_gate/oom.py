@@ -13,6 +13,8 @@ very GPU tensors whose memory ran out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 _OOM_CLASS_NAMES = frozenset({"OutOfMemoryError", "OutOfMemory"})
 
 _OOM_MESSAGES = (
@@ -34,6 +36,11 @@ _MAX_EXCEPTIONS_VISITED = 64
 
 def is_oom(exc: BaseException) -> bool:
     """Whether `exc`, or an exception it was raised from or groups, is a device out-of-memory."""
+    return any_in_chain(exc, _looks_like_oom)
+
+
+def any_in_chain(exc: BaseException, predicate: Callable[[BaseException], bool]) -> bool:
+    """Whether `predicate` holds for `exc` or an exception it was raised from or groups."""
     pending: list[BaseException] = [exc]
     seen: set[int] = set()
     while pending and len(seen) < _MAX_EXCEPTIONS_VISITED:
@@ -41,7 +48,7 @@ def is_oom(exc: BaseException) -> bool:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if _looks_like_oom(current):
+        if predicate(current):
             return True
         if isinstance(current, BaseExceptionGroup):
             pending.extend(current.exceptions)

@@ -238,8 +238,9 @@ class _Run:
             self.result.ooms += 1
             self.result.rejected += 1
             self.result.oom_times_s.append(self.now_s)
-            self.core.oom(ticket, self.now_s)
+            alone = self.core.oom(ticket, self.now_s)
             self.core.release(ticket, self.now_s, Outcome.OOM)
+            self.core.rejected("too_large" if alone else "oom")
             self.start_granted()
             return
         self.told("start", request.id, "ok")

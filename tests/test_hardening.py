@@ -382,6 +382,10 @@ def test_sigint_ends_a_server_whose_probe_hangs(tmp_path: Any) -> None:
 # -- 8. what the queue holds in bytes --------------------------------------------------------------
 
 
+def length(nbytes: int) -> list[tuple[bytes, bytes]]:
+    return [(b"host", b"test"), (b"content-length", str(nbytes).encode())]
+
+
 @pytest.mark.anyio
 async def test_the_bytes_of_queued_bodies_are_capped() -> None:
     app = FastAPI()
@@ -399,9 +403,9 @@ async def test_the_bytes_of_queued_bodies_are_capped() -> None:
         tg.start_soon(call, app, first, "/infer")
         await wait_until(lambda: find_gate(app).core.limiter.in_flight == 1)
         gate = find_gate(app)
-        tg.start_soon(call, app, second, "/infer")
+        tg.start_soon(lambda: call(app, second, "/infer", headers=length(500)))
         await wait_until(lambda: gate.core.limiter.queued == 1)
-        await call(app, third, "/infer")  # 500 + 550 bytes would pass the 1000 the queue may hold
+        await call(app, third, "/infer", headers=length(550))  # 500 + 550 bytes would pass the 1000 the queue may hold
         assert third.status == 503 and json.loads(third.body)["reason"] == "queue_full"
         assert "fill the gate's buffer" in json.loads(third.body)["detail"]
         go.set()
@@ -421,7 +425,7 @@ async def test_a_client_that_leaves_after_a_large_body_is_noticed() -> None:
         tg.start_soon(call, app, first, "/work")
         await wait_until(lambda: held.running == 1)
         gate = find_gate(app)
-        tg.start_soon(call, app, big, "/work")
+        tg.start_soon(lambda: call(app, big, "/work", headers=length(40 * 65536)))
         await wait_until(lambda: gate.core.limiter.queued == 1 and not big.chunks)
         big.disconnect.set()
         await wait_until(lambda: gate.core.limiter.queued == 0)
