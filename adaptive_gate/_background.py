@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._sampler import BackgroundLoop, Monitor, Sampler
 
-__all__ = ["Background"]
+__all__ = ["Background", "serve_lifespan"]
 
 FIRST_READING_WAIT_S = 2.0  # plus probe_timeout: how long the start waits for the first reading
 
@@ -109,3 +110,22 @@ class Background:
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait([task])
+
+
+async def serve_lifespan(app: ASGIApp, background: Background, scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI lifespan, with the background work running for its whole length; the first reading
+    is taken once the application's own start-up is done (the model loaded, nothing in flight)."""
+
+    async def receive_and_watch() -> Message:
+        message = await receive()
+        if message["type"] == "lifespan.shutdown":
+            background.stop()
+        return message
+
+    async def send_when_measured(message: Message) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            await background.first_reading()
+        await send(message)
+
+    async with background.running(first_reading=False):
+        await app(scope, receive_and_watch, send_when_measured)

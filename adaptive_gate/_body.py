@@ -16,7 +16,10 @@ from enum import Enum
 import anyio
 from starlette.types import Message, Receive, Scope
 
-__all__ = ["Body", "BodyBudget", "ReadOutcome", "announced_length", "read_body"]
+__all__ = ["Body", "BodyBudget", "ReadOutcome", "read_body", "request_head"]
+
+DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
+HTTP_1 = ("1.1", "1.0")
 
 
 class ReadOutcome(Enum):
@@ -73,12 +76,23 @@ class Body:
             self._messages.append(message)  # nothing else is expected once the body is whole; kept all the same
 
 
-def announced_length(scope: Scope) -> int | None:
-    """The body's length as `content-length` announces it, when it is a plain number."""
+def request_head(scope: Scope, queue_timeout_s: float) -> tuple[float, int | None, bool]:
+    """From one pass over the headers: the seconds this request may wait (`queue_timeout`, or
+    sooner if the proxy says so), the body's announced length, and whether a body may come."""
+    deadline_s, length, chunked = queue_timeout_s, None, False
     for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() and len(value) <= 18 else None
-    return None
+        if name == DEADLINE_HEADER:
+            # Digits only (int() takes "1_000" and " 5"); more than 12 of them is past any
+            # timeout we keep, and would overflow the float division. Malformed: ignored.
+            if value.isdigit() and len(value) <= 12:
+                deadline_s = min(deadline_s, int(value) / 1000)
+        elif name == b"content-length":
+            length = int(value) if value.isdigit() and len(value) <= 18 else -1
+        elif name == b"transfer-encoding":
+            chunked = True
+    # HTTP/1 says a request has a body only with one of those two headers; HTTP/2 and 3 need neither.
+    has_body = chunked or length != 0 and (length is not None or scope.get("http_version") not in HTTP_1)
+    return deadline_s, length, has_body
 
 
 async def read_body(receive: Receive, *, max_body_bytes: int, budget: BodyBudget, timeout_s: float) -> Body:

@@ -20,14 +20,13 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
 from enum import Enum
 
 from ._operator import OperatorBounds
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
-from .statistics import ControllerStatistics, GateStatistics, Histogram, LimitChange, ProbeStatistics
+from .statistics import GateStatistics, LimitChange, snapshot
 from .status import BucketCounts, Counters, RecentValues
 
 __all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "make_core"]
@@ -110,7 +109,7 @@ class GateCore:
         self.oom_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
         self.probe = _Probe()
         self.limit_listeners: list[Callable[[LimitChange], None]] = []
-        self._unix_offset_s = unix_offset_s
+        self.unix_offset_s = unix_offset_s
         self._random = random.Random(seed)
         self._ooms_from_errors = 0
         self._ooms_from_probe_counted = 0
@@ -275,7 +274,7 @@ class GateCore:
         else:
             self.counters.limit_decreases += 1
         change = LimitChange(
-            round(now_s + self._unix_offset_s, 3), old_limit, new_limit, reason or self.controller.reason
+            round(now_s + self.unix_offset_s, 3), old_limit, new_limit, reason or self.controller.reason
         )
         self.limit_changes.append(change)
         for listener in self.limit_listeners:
@@ -318,59 +317,8 @@ class GateCore:
         return []
 
     def statistics(self) -> GateStatistics:
-        limiter = self.limiter.statistics()
-        min_limit, max_limit = self.bounds()
-        ready, not_ready = self.readiness()
-        probe = self.probe
-        controller = self._controller_statistics()
-        return GateStatistics(
-            limit=limiter.limit,
-            in_flight=limiter.in_flight,
-            queued=limiter.queued,
-            max_queue=limiter.max_queue,
-            min_limit=min_limit,
-            max_limit=max_limit,
-            bound=self._bound(controller),
-            operator=None if self.operator is None else self.operator.describe(),
-            counters=asdict(self.counters),
-            queue_wait_ms=self.queue_wait_s.percentiles_ms(),
-            service_ms=self.service_s.percentiles_ms(),
-            queue_wait_histogram=Histogram(
-                tuple(self.queue_wait_histogram.cumulative()), self.queue_wait_histogram.sum_s
-            ),
-            service_histogram=Histogram(tuple(self.service_histogram.cumulative()), self.service_histogram.sum_s),
-            controller=controller,
-            probe=ProbeStatistics(
-                probe.description,
-                probe.device,
-                probe.simulated,
-                False,
-                probe.last_sample,
-                probe.last_error,
-                probe.errors,
-                probe.consecutive_errors,
-            ),  # fmt: skip
-            limit_changes=tuple(self.limit_changes),
-            ready=ready,
-            not_ready=tuple(not_ready),
-            degraded=tuple(self.degraded()),
-            oom_unix_s=tuple(round(t + self._unix_offset_s, 3) for t in self.oom_s),
-        )
-
-    def _controller_statistics(self) -> ControllerStatistics:
-        details = dict(self.controller.describe())
-        name = str(details.pop("controller", type(self.controller).__name__.lower()))
-        bound = str(details.pop("bound", "controller"))
-        return ControllerStatistics(
-            name, self.controller.limit, bound, self.controller.epoch, self.controller.reason, details
-        )
-
-    def _bound(self, controller: ControllerStatistics) -> str:
-        """Which bound sets the limit now: the controller's own answer, unless the operator clamps it."""
-        operator = self.operator
-        if operator is not None and operator.clamp(controller.limit) != controller.limit:
-            return "operator"
-        return controller.bound
+        """A snapshot of the figures; reading it changes nothing."""
+        return snapshot(self)
 
 
 def make_core(

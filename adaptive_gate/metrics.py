@@ -71,11 +71,10 @@ def _labelled(
 
 
 def _families(stats: GateStatistics) -> Iterator[Metric]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
 
     from ._version import __version__
 
-    counters = stats.counters
     info = GaugeMetricFamily(
         "adaptive_gate_info", "The gate's version, controller and device", labels=["version", "controller", "device"]
     )
@@ -96,6 +95,15 @@ def _families(stats: GateStatistics) -> Iterator[Metric]:
     yield _gauge("max_queue", "How many requests may wait", stats.max_queue)
     yield _gauge("ready", "1 when the readiness endpoint answers 200", float(stats.ready))
     yield _gauge("workers", "Worker processes of this service, as detected", stats.workers)
+    yield from _request_families(stats)
+    yield from _memory_families(stats)
+    yield from _health_families(stats)
+
+
+def _request_families(stats: GateStatistics) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily
+
+    counters = stats.counters
     yield _counter("admitted", "Gated requests given a slot", counters["admitted"])
     by_reason = counters["rejected_by_reason"]
     yield _labelled(
@@ -123,7 +131,11 @@ def _families(stats: GateStatistics) -> Iterator[Metric]:
         "direction",
         {"up": counters["limit_increases"], "down": counters["limit_decreases"]},
     )
-    yield from _memory_families(stats)
+
+
+def _health_families(stats: GateStatistics) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     yield _counter("probe_errors", "Failed probe readings", stats.probe.errors)
     yield _gauge("probe_healthy", "1 while the last probe reading succeeded", float(stats.probe.healthy))
     yield _gauge("event_loop_lag_seconds", "How late the event loop woke at the last check", stats.loop_lag_s)

@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
-import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._body import Body, BodyBudget, ReadOutcome, read_body
+from ._background import serve_lifespan
+from ._body import Body, BodyBudget, ReadOutcome, read_body, request_head
 from ._endpoints import Endpoints, send_json
+from ._line import wait_in_line
 from ._operations import Operations
 from ._routes import GatedRoute, RouteTable, route_path
 from .control import AIMD, Controller
@@ -40,11 +40,9 @@ __all__ = ["AdaptiveGate", "ClientNotReading"]
 
 logger = logging.getLogger("adaptive_gate")
 
-DEADLINE_HEADER = b"x-envoy-expected-rq-timeout-ms"
 MONITOR_PERIOD_S = 0.1
 MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 CLOSE = [(b"connection", b"close")]
-HTTP_1 = ("1.1", "1.0")
 ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
 REJECTION_DETAILS = {
     "queue_full": "too many requests are waiting for the GPU",
@@ -130,7 +128,8 @@ class AdaptiveGate:
         scope_type = scope["type"]
         if scope_type != "http":
             if scope_type == "lifespan":
-                await self._lifespan(scope, receive, send)
+                self.ops.read_thread_pool()
+                await serve_lifespan(self.app, self.ops.background, scope, receive, send)
             else:
                 await self.app(scope, receive, send)
             return
@@ -149,14 +148,21 @@ class AdaptiveGate:
         await self._gated(route, scope, receive, send)
 
     async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
+        admitted = await self._admit(scope, receive, send)
+        if admitted is not None:
+            await self._serve(route, *admitted, scope, send)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> tuple[Ticket, Receive] | None:
+        """Read the body, then take a slot or wait for one: the ticket and the `receive` the app must
+        use (it replays what was read), or None when the request was answered (or its client left)."""
         clock = self._clock
         arrived_s = clock()
-        deadline_s, length, has_body = self._request_head(scope)
+        deadline_s, length, has_body = request_head(scope, self.options.queue_timeout)
         body: Body | None = None
         if has_body:
             body = await self._read_body(receive, send, deadline_s, length)
             if body is None:
-                return
+                return None
             receive = body.receive
         core = self.core
         timeout_s = deadline_s - (clock() - arrived_s)  # the time reading the body took counts
@@ -167,14 +173,17 @@ class AdaptiveGate:
                 receive = body.receive
             try:
                 if not await self._wait_for_slot(admission, body, send, timeout_s):
-                    return
+                    return None
             finally:  # admitted or gone: the queue no longer holds these bytes
                 self._body_budget.give_back(body.nbytes)
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = clock()
-        ticket = core.admitted(now_s, now_s - arrived_s)
-        watch = self.ops.watch
+        return core.admitted(now_s, now_s - arrived_s), receive
+
+    async def _serve(self, route: GatedRoute, ticket: Ticket, receive: Receive, scope: Scope, send: Send) -> None:
+        """Run the app in the slot; the slot goes back with the response's last byte, or on any end."""
+        core, clock, watch = self.core, self._clock, self.ops.watch
         watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample
         response_started = False
@@ -206,25 +215,26 @@ class AdaptiveGate:
             if not is_oom(exc):
                 core.failed()
                 raise
-            await self._out_of_memory(ticket, scope, send, response_started)
+            alone = self._out_of_memory(ticket, scope)
+            if response_started:
+                raise  # mid-stream: the status line is gone, the server must close the connection
+            if alone:
+                detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
+                await self._reject(send, "too_large", detail)
+            else:
+                await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
         finally:
             watch.ended(ticket)
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)
 
-    async def _out_of_memory(self, ticket: Ticket, scope: Scope, send: Send, response_started: bool) -> None:
-        """The route ran out of memory: the core hears of it, and the client gets a 503 if it still can."""
+    def _out_of_memory(self, ticket: Ticket, scope: Scope) -> bool:
+        """The core hears of the OOM, the log says it once per event; True when it ran alone."""
         now_s = self._clock()
         alone = self.core.oom(ticket, now_s)
         self.core.release(ticket, now_s, Outcome.OOM)
-        if response_started:
-            raise  # mid-stream: the status line is gone, the server must close the connection
         self._log_oom(ticket, scope, alone=alone)
-        if alone:
-            detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
-            await self._reject(send, "too_large", detail)
-        else:
-            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+        return alone
 
     def _log_oom(self, ticket: Ticket, scope: Scope, *, alone: bool) -> None:
         # One line per congestion event, not per request: a burst of OOMs is one story.
@@ -241,24 +251,6 @@ class AdaptiveGate:
             limiter.limit,
             " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
         )
-
-    def _request_head(self, scope: Scope) -> tuple[float, int | None, bool]:
-        """From one pass over the headers: the seconds this request may wait (`queue_timeout`, or
-        sooner if the proxy says so), the body's announced length, and whether a body may come."""
-        deadline_s, length, chunked = self.options.queue_timeout, None, False
-        for name, value in scope["headers"]:
-            if name == DEADLINE_HEADER:
-                # Digits only (int() takes "1_000" and " 5"); more than 12 of them is past any
-                # timeout we keep, and would overflow the float division. Malformed: ignored.
-                if value.isdigit() and len(value) <= 12:
-                    deadline_s = min(deadline_s, int(value) / 1000)
-            elif name == b"content-length":
-                length = int(value) if value.isdigit() and len(value) <= 18 else -1
-            elif name == b"transfer-encoding":
-                chunked = True
-        # HTTP/1 says a request has a body only with one of those two headers; HTTP/2 and 3 need neither.
-        has_body = chunked or length != 0 and (length is not None or scope.get("http_version") not in HTTP_1)
-        return deadline_s, length, has_body
 
     async def _read_body(self, receive: Receive, send: Send, deadline_s: float, length: int | None) -> Body | None:
         """The whole body, before the request may take a slot; None when already answered."""
@@ -296,33 +288,13 @@ class AdaptiveGate:
             detail = REJECTION_DETAILS[admission]
             await self._reject(send, admission, detail)
             return False
-        outcome = await self._queue(admission, body, timeout_s)
+        outcome = await wait_in_line(self.core, admission, body, timeout_s)
         if outcome == "left":
             self.core.left()
         elif outcome == "timeout":
             detail = "no GPU slot became free before the request's deadline"
             await self._reject(send, "deadline", detail, timed_out=True)
         return outcome == "granted"
-
-    async def _queue(self, waiter: Waiter, body: Body, timeout_s: float) -> str:
-        """Wait in line: "granted", "timeout" or "left" (the client went away)."""
-        core = self.core
-        if waiter.granted:
-            return "granted"
-        waiter._event = anyio.Event()
-        try:
-            async with anyio.create_task_group() as task_group:
-                task_group.start_soon(body.wait_for_disconnect, task_group.cancel_scope)
-                with anyio.move_on_after(timeout_s):
-                    await waiter._event.wait()
-                task_group.cancel_scope.cancel()
-        except BaseException:
-            core.leave(waiter)  # cancelled from outside: the place, or a slot granted meanwhile, goes back
-            raise
-        if waiter.granted and body.outcome is not ReadOutcome.DISCONNECTED:
-            return "granted"
-        core.leave(waiter)  # gives back the slot if it came in the same instant
-        return "left" if body.outcome is ReadOutcome.DISCONNECTED else "timeout"
 
     async def _reject(self, send: Send, reason: str, detail: str, *, timed_out: bool = False) -> None:
         retry_after_s = self.core.rejected(reason, timed_out=timed_out)
@@ -358,25 +330,6 @@ class AdaptiveGate:
     async def aclose(self) -> None:
         """Stop the background work started without a lifespan; nothing is left running."""
         await self.ops.background.aclose()
-
-    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.ops.read_thread_pool()
-        background = self.ops.background
-
-        async def receive_and_watch() -> Message:
-            message = await receive()
-            if message["type"] == "lifespan.shutdown":
-                background.stop()
-            return message
-
-        async def send_when_measured(message: Message) -> None:
-            if message["type"] == "lifespan.startup.complete":
-                # The model is loaded and nothing runs yet: the reading to learn the baseline from.
-                await background.first_reading()
-            await send(message)
-
-        async with background.running(first_reading=False):
-            await self.app(scope, receive_and_watch, send_when_measured)
 
 
 def _not_reading(exc: BaseException) -> bool:

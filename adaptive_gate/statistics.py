@@ -7,10 +7,13 @@ snapshot cannot disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .memory import MemorySample
+
+if TYPE_CHECKING:
+    from .core import GateCore
 
 __all__ = [
     "ControllerStatistics",
@@ -18,6 +21,7 @@ __all__ = [
     "Histogram",
     "LimitChange",
     "ProbeStatistics",
+    "snapshot",
 ]
 
 
@@ -97,3 +101,60 @@ class GateStatistics:
     loop_lag_s: float = 0.0
     findings: tuple[dict[str, Any], ...] = ()
     finding_appearances: dict[str, int] = field(default_factory=dict)
+
+
+def snapshot(core: GateCore) -> GateStatistics:
+    """The figures of `core` at this moment, as one frozen snapshot."""
+    limiter = core.limiter.statistics()
+    min_limit, max_limit = core.bounds()
+    ready, not_ready = core.readiness()
+    probe = core.probe
+    controller = _controller_statistics(core)
+    return GateStatistics(
+        limit=limiter.limit,
+        in_flight=limiter.in_flight,
+        queued=limiter.queued,
+        max_queue=limiter.max_queue,
+        min_limit=min_limit,
+        max_limit=max_limit,
+        bound=_bound(core, controller),
+        operator=None if core.operator is None else core.operator.describe(),
+        counters=asdict(core.counters),
+        queue_wait_ms=core.queue_wait_s.percentiles_ms(),
+        service_ms=core.service_s.percentiles_ms(),
+        queue_wait_histogram=Histogram(tuple(core.queue_wait_histogram.cumulative()), core.queue_wait_histogram.sum_s),
+        service_histogram=Histogram(tuple(core.service_histogram.cumulative()), core.service_histogram.sum_s),
+        controller=controller,
+        probe=ProbeStatistics(
+            probe.description,
+            probe.device,
+            probe.simulated,
+            False,
+            probe.last_sample,
+            probe.last_error,
+            probe.errors,
+            probe.consecutive_errors,
+        ),  # fmt: skip
+        limit_changes=tuple(core.limit_changes),
+        ready=ready,
+        not_ready=tuple(not_ready),
+        degraded=tuple(core.degraded()),
+        oom_unix_s=tuple(round(t + core.unix_offset_s, 3) for t in core.oom_s),
+    )
+
+
+def _controller_statistics(core: GateCore) -> ControllerStatistics:
+    details = dict(core.controller.describe())
+    name = str(details.pop("controller", type(core.controller).__name__.lower()))
+    bound = str(details.pop("bound", "controller"))
+    return ControllerStatistics(
+        name, core.controller.limit, bound, core.controller.epoch, core.controller.reason, details
+    )
+
+
+def _bound(core: GateCore, controller: ControllerStatistics) -> str:
+    """Which bound sets the limit now: the controller's own answer, unless the operator clamps it."""
+    operator = core.operator
+    if operator is not None and operator.clamp(controller.limit) != controller.limit:
+        return "operator"
+    return controller.bound

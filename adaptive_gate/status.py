@@ -113,7 +113,6 @@ def percentiles_ms(values_s: Iterable[float], digits: int = 3) -> dict[str, floa
 
 def status_document(stats: GateStatistics, *, options: dict[str, Any], version: str, pid: int) -> dict[str, Any]:
     """The document served at `status_path`. Nothing secret: the token shows only as set or not."""
-    sample = stats.probe.last_sample
     probe = stats.probe
     return {
         "limit": stats.limit,
@@ -131,18 +130,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "findings": list(stats.findings),
         "finding_appearances": stats.finding_appearances,
         "device": probe.device,
-        "memory": None
-        if sample is None
-        else {
-            "used_bytes": sample.used_bytes,
-            "total_bytes": sample.total_bytes,
-            "utilisation": round(sample.utilisation, 4),
-            "oom_count": sample.oom_count,
-            "allocated_bytes": sample.allocated_bytes,
-            "reserved_bytes": sample.reserved_bytes,
-            "process_count": sample.process_count,
-            "simulated": probe.simulated,
-        },
+        "memory": _memory(stats),
         "counters": stats.counters,
         "queue_wait_ms": stats.queue_wait_ms,
         "service_ms": stats.service_ms,
@@ -167,3 +155,19 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
 def render_json(document: dict[str, Any]) -> bytes:
     # allow_nan=False: NaN is not JSON; a reading that carries one is refused before it gets here.
     return json.dumps(document, separators=(",", ":"), default=str, allow_nan=False).encode()
+
+
+def _memory(stats: GateStatistics) -> dict[str, Any] | None:
+    sample = stats.probe.last_sample
+    if sample is None:
+        return None
+    return {
+        "used_bytes": sample.used_bytes,
+        "total_bytes": sample.total_bytes,
+        "utilisation": round(sample.utilisation, 4),
+        "oom_count": sample.oom_count,
+        "allocated_bytes": sample.allocated_bytes,
+        "reserved_bytes": sample.reserved_bytes,
+        "process_count": sample.process_count,
+        "simulated": stats.probe.simulated,
+    }

@@ -1,0 +1,36 @@
+"""Waiting in line for a slot, while listening for the client to leave.
+
+A request that waits keeps reading `receive()` (through its `Body`), so a client that disconnects
+gives up its place at once instead of when a slot would have come. Cancelled from outside at any
+point, the wait leaves nothing behind: neither a place in the line nor a slot granted meanwhile.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from ._body import Body, ReadOutcome
+from .core import GateCore
+from .limiter import Waiter
+
+__all__ = ["wait_in_line"]
+
+
+async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: float) -> str:
+    """Wait for `waiter`'s slot: "granted", "timeout" or "left" (the client went away)."""
+    if waiter.granted:
+        return "granted"
+    waiter._event = anyio.Event()
+    try:
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(body.wait_for_disconnect, task_group.cancel_scope)
+            with anyio.move_on_after(timeout_s):
+                await waiter._event.wait()
+            task_group.cancel_scope.cancel()
+    except BaseException:
+        core.leave(waiter)  # the place, or a slot granted meanwhile, goes back
+        raise
+    if waiter.granted and body.outcome is not ReadOutcome.DISCONNECTED:
+        return "granted"
+    core.leave(waiter)  # gives back the slot if it came in the same instant
+    return "left" if body.outcome is ReadOutcome.DISCONNECTED else "timeout"
