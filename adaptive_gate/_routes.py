@@ -1,8 +1,9 @@
 """Which requests are gated: those routed to an endpoint whose tags hold the gate's tag.
 
-The answer is worked out once per route when the table is built, never per URL (a cache keyed by
-path would grow without bound under distinct URLs); a request then only walks the routes in the
-order the router does and stops at the first full match, as the router itself will.
+Which routes are gated is worked out once per route when the table is built; a request then walks
+the routes in the order the router does and stops at the first full match, as the router itself
+will. The answer for a (method, path) is remembered in a bounded table (cleared when full, so
+distinct URLs cannot make it grow without bound).
 
 FastAPI 0.137+ keeps included routers as private nodes without `.path` or `.tags`;
 `fastapi.routing.iter_route_contexts` flattens them and gives each route its effective tags,
@@ -24,6 +25,8 @@ from starlette.routing import Host, Match, Mount, Route
 from starlette.types import Scope
 
 logger = logging.getLogger("adaptive_gate")
+
+MAX_ANSWERS = 1024
 
 
 def normalise_tag(tag: object) -> str:
@@ -147,6 +150,10 @@ class RouteTable:
         self._size = -1
         self._nodes: list[_Node] = []
         self._warned = False
+        # (method, path) -> the answer: most services see few distinct paths, and a walk of the
+        # routes costs a regex per route. Bounded (cleared when full), and off where a Host route
+        # makes the answer depend on more than the path.
+        self._answers: dict[tuple[str, str], GatedRoute | None] | None = {}
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
         """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""
@@ -168,7 +175,27 @@ class RouteTable:
         if app is not self._app or len(routes) != self._size:
             self._nodes = _build(routes, self._tags)
             self._app, self._size = app, len(routes)
-        return _gated(self._nodes, scope, path)
+            self._answers = None if _any_host(self._nodes) else {}
+        answers = self._answers
+        if answers is None:
+            return _gated(self._nodes, scope, path)
+        key = (scope["method"], path)
+        try:
+            return answers[key]
+        except KeyError:
+            pass
+        if len(answers) >= MAX_ANSWERS:
+            answers.clear()
+        answer = answers[key] = _gated(self._nodes, scope, path)
+        return answer
+
+
+def _any_host(nodes: list[_Node]) -> bool:
+    return any(
+        isinstance(getattr(node.route, "original_route", node.route), Host)
+        or (node.children is not None and _any_host(node.children))
+        for node in nodes
+    )
 
 
 def _routed_app(app: object, depth: int = 32) -> object:

@@ -138,12 +138,13 @@ class GateCore:
 
     def admitted(self, now_s: float, waited_s: float) -> Ticket:
         """A request holds a slot (from `try_acquire` or a granted waiter) and starts now."""
-        self.counters.admitted += 1
+        counters = self.counters
+        counters.admitted += 1
         self.queue_wait_s.add(waited_s)
         self.queue_wait_histogram.observe(waited_s)
         limiter = self.limiter
         alone = limiter.in_flight == 1
-        return Ticket(now_s, limiter.busy_area(), self.controller.epoch, self.counters.admitted, alone)
+        return Ticket(now_s, limiter.busy_area(now_s), self.controller.epoch, counters.admitted, alone)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
@@ -152,7 +153,7 @@ class GateCore:
         ticket.released = True
         limiter = self.limiter
         in_flight = limiter.in_flight
-        busy_area = limiter.busy_area()
+        busy_area = limiter.busy_area(now_s)
         limiter.release()
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:

@@ -105,10 +105,12 @@ class Limiter:
     def max_queue(self) -> int:
         return self._max_queue
 
-    def busy_area(self) -> float:
-        """Slot-seconds held so far. Over an interval, its growth divided by the interval's length
-        is the mean concurrency during it: what a request really ran alongside."""
-        now_s = self._clock()
+    def busy_area(self, now_s: float | None = None) -> float:
+        """Slot-seconds held so far (until `now_s`, by default the clock's now). Over an interval, its
+        growth divided by the interval's length is the mean concurrency during it: what a request
+        really ran alongside."""
+        if now_s is None:
+            now_s = self._clock()
         return self._busy_area + self._in_flight * (now_s - self._busy_since_s)
 
     def _set_in_flight(self, value: int) -> None:
@@ -124,9 +126,14 @@ class Limiter:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody is waiting for it."""
-        if self._waiters or self._in_flight >= self._limit:
+        in_flight = self._in_flight
+        if self._waiters or in_flight >= self._limit:
             return False
-        self._set_in_flight(self._in_flight + 1)
+        # _set_in_flight, written out: this is every request's path
+        now_s = self._clock()
+        self._busy_area += in_flight * (now_s - self._busy_since_s)
+        self._busy_since_s = now_s
+        self._in_flight = in_flight + 1
         return True
 
     def join(self) -> Waiter:

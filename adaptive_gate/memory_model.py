@@ -82,7 +82,8 @@ class MemoryModel:
     @property
     def learning(self) -> bool:
         """Samples flow but the cap is not known yet: growing now would be blind."""
-        return self.samples > 0 and self.estimate() is None and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
+        known = self._per_request is not None and self._baseline is not None  # estimate() without building one
+        return self.samples > 0 and not known and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
 
     def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
         elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)

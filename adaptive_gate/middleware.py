@@ -148,42 +148,30 @@ class AdaptiveGate:
         await self._gated(route, scope, receive, send)
 
     async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
-        admitted = await self._admit(scope, receive, send)
-        if admitted is not None:
-            await self._serve(route, *admitted, scope, send)
-
-    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> tuple[Ticket, Receive] | None:
-        """Read the body, then take a slot or wait for one: the ticket and the `receive` the app must
-        use (it replays what was read), or None when the request was answered (or its client left)."""
-        clock = self._clock
+        # One coroutine for the whole of a request's way through the gate (its body read first,
+        # then a slot, then the app in the slot): every request takes this path, and each frame
+        # of its own would cost. The slow ways (a queue, a rejection) are helpers.
+        clock, core = self._clock, self.core
         arrived_s = clock()
         deadline_s, length, has_body = request_head(scope, self.options.queue_timeout)
         body: Body | None = None
         if has_body:
             body = await self._read_body(receive, send, deadline_s, length)
             if body is None:
-                return None
+                return
             receive = body.receive
-        core = self.core
-        timeout_s = deadline_s - (clock() - arrived_s)  # the time reading the body took counts
-        admission = core.arrive(timeout_s)
+            deadline_s -= clock() - arrived_s  # the time reading the body took counts
+        admission = core.arrive(deadline_s)
         if admission is not ADMITTED:
-            if body is None:  # waiting means listening for a disconnect: what is read meanwhile is replayed
-                body = Body(receive)
-                receive = body.receive
-            try:
-                if not await self._wait_for_slot(admission, body, send, timeout_s):
-                    return None
-            finally:  # admitted or gone: the queue no longer holds these bytes
-                self._body_budget.give_back(body.nbytes)
+            replay = await self._wait_or_reject(admission, body, receive, send, deadline_s)
+            if replay is None:
+                return
+            receive = replay
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = clock()
-        return core.admitted(now_s, now_s - arrived_s), receive
-
-    async def _serve(self, route: GatedRoute, ticket: Ticket, receive: Receive, scope: Scope, send: Send) -> None:
-        """Run the app in the slot; the slot goes back with the response's last byte, or on any end."""
-        core, clock, watch = self.core, self._clock, self.ops.watch
+        ticket = core.admitted(now_s, now_s - arrived_s)
+        watch = self.ops.watch
         watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample
         response_started = False
@@ -218,15 +206,29 @@ class AdaptiveGate:
             alone = self._out_of_memory(ticket, scope)
             if response_started:
                 raise  # mid-stream: the status line is gone, the server must close the connection
-            if alone:
-                detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
-                await self._reject(send, "too_large", detail)
-            else:
-                await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+            await self._answer_oom(send, alone=alone)
         finally:
             watch.ended(ticket)
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)
+
+    async def _wait_or_reject(
+        self, admission: str | Waiter, body: Body | None, receive: Receive, send: Send, timeout_s: float
+    ) -> Receive | None:
+        """No slot now: wait in line for one (the `receive` the app must use then), or answer."""
+        if body is None:  # waiting means listening for a disconnect: what is read meanwhile is replayed
+            body = Body(receive)
+        try:
+            return body.receive if await self._wait_for_slot(admission, body, send, timeout_s) else None
+        finally:  # admitted or gone: the queue no longer holds these bytes
+            self._body_budget.give_back(body.nbytes)
+
+    async def _answer_oom(self, send: Send, *, alone: bool) -> None:
+        if alone:
+            detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
+            await self._reject(send, "too_large", detail)
+        else:
+            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
 
     def _out_of_memory(self, ticket: Ticket, scope: Scope) -> bool:
         """The core hears of the OOM, the log says it once per event; True when it ran alone."""

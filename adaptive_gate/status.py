@@ -82,12 +82,14 @@ class RecentValues:
 
     def __init__(self, size: int = 1024) -> None:
         self._values: deque[float] = deque(maxlen=size)
+        self._size = size
         self._sum = 0.0  # kept as values come and go: every rejection asks for the mean
 
     def add(self, value: float) -> None:
-        if len(self._values) == self._values.maxlen:
-            self._sum -= self._values[0]
-        self._values.append(value)
+        values = self._values
+        if len(values) == self._size:
+            self._sum -= values[0]
+        values.append(value)
         self._sum += value
 
     def __len__(self) -> int:

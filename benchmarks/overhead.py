@@ -2,10 +2,13 @@
 
     python -m benchmarks.overhead [--quick]
 
-In process: each request is one direct ASGI call; the two apps are measured in alternating rounds
-and the median per-request time of each is compared (target: at most 30 us added).
-Through uvicorn: two servers, one gated, one not, loaded in alternating rounds by `wrk` where it is
-installed (else an httpx client); requests per second are compared (target: at most 5% lost).
+Three apps: without the gate; with the gate as a user gets it (`AdaptiveGate()`: AIMD, probe
+"auto"); and with `Fixed(64)` and `probe=None` (the bookkeeping alone, no queueing).
+In process: each request is one direct ASGI call; in each round the apps take turns in a shuffled
+order, and the cost is the median over rounds of (the app's median - the plain app's median) in the
+same round (target: at most 10 us added). Through uvicorn: one server per app, loaded in
+alternating rounds by `wrk` where it is installed (else an httpx client); requests per second are
+compared (target: at least 0.95x the plain app's).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -33,9 +37,26 @@ from adaptive_gate import AdaptiveGate, Fixed
 RESULTS = Path(__file__).parent / "results"
 
 
-def make_app(gated: bool) -> FastAPI:
+VARIANTS = ("no gate", "pass-through", "defaults", "fixed")
+
+
+class PassThrough:
+    """A middleware that does nothing: what any pure ASGI middleware costs, the floor to compare with."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+def make_app(variant: str) -> FastAPI:
     app = FastAPI()
-    if gated:
+    if variant == "pass-through":
+        app.add_middleware(PassThrough)
+    elif variant == "defaults":
+        app.add_middleware(AdaptiveGate)
+    elif variant == "fixed":
         # A limit far above the load: this measures the gate's bookkeeping, not queueing.
         app.add_middleware(AdaptiveGate, probe=None, controller=Fixed(64))
 
@@ -46,12 +67,28 @@ def make_app(gated: bool) -> FastAPI:
     return app
 
 
-def gated_app() -> FastAPI:  # uvicorn factory
-    return make_app(True)
-
-
 def plain_app() -> FastAPI:  # uvicorn factory
-    return make_app(False)
+    return make_app("no gate")
+
+
+def pass_through_app() -> FastAPI:  # uvicorn factory
+    return make_app("pass-through")
+
+
+def defaults_app() -> FastAPI:  # uvicorn factory
+    return make_app("defaults")
+
+
+def fixed_app() -> FastAPI:  # uvicorn factory
+    return make_app("fixed")
+
+
+FACTORIES = {
+    "no gate": "plain_app",
+    "pass-through": "pass_through_app",
+    "defaults": "defaults_app",
+    "fixed": "fixed_app",
+}
 
 
 async def _time_calls(app: FastAPI, n: int) -> list[float]:
@@ -75,20 +112,27 @@ async def _time_calls(app: FastAPI, n: int) -> list[float]:
     return times
 
 
-def in_process(rounds: int, per_round: int) -> dict[str, float]:
-    apps = {"gate": make_app(True), "no gate": make_app(False)}
-    samples: dict[str, list[float]] = {name: [] for name in apps}
+def in_process(rounds: int, per_round: int) -> dict[str, Any]:
+    apps = {name: make_app(name) for name in VARIANTS}
+    medians: dict[str, list[float]] = {name: [] for name in apps}
+    rng = random.Random(0)
 
     async def run() -> None:
         for app in apps.values():
             await _time_calls(app, 500)  # warm-up: build the middleware stacks, fill caches
         for _ in range(rounds):
-            for name, app in apps.items():
-                samples[name] += await _time_calls(app, per_round)
+            order = list(apps)
+            rng.shuffle(order)
+            for name in order:
+                medians[name].append(statistics.median(await _time_calls(apps[name], per_round)))
 
     asyncio.run(run())
-    gate_us, plain_us = statistics.median(samples["gate"]), statistics.median(samples["no gate"])
-    return {"median_us_gate": gate_us, "median_us_no_gate": plain_us, "added_us": gate_us - plain_us}
+    plain = medians["no gate"]
+    result: dict[str, Any] = {"median_us_no_gate": statistics.median(plain), "rounds": rounds}
+    for name in ("pass-through", "defaults", "fixed"):
+        result[f"median_us_{name}"] = statistics.median(medians[name])
+        result[f"added_us_{name}"] = statistics.median(m - p for m, p in zip(medians[name], plain, strict=True))
+    return result
 
 
 def free_port() -> int:
@@ -116,8 +160,8 @@ def start_server(factory: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError(f"uvicorn ({factory}) did not start")
 
 
-def load(url: str, seconds: float, connections: int) -> float:
-    """Requests per second that `url`/work sustained."""
+def load(url: str, seconds: float, connections: int) -> tuple[float, int]:
+    """Requests per second that `url`/work sustained, and how many requests that was."""
     if shutil.which("wrk"):
         out = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", f"{url}/work"],
@@ -125,10 +169,18 @@ def load(url: str, seconds: float, connections: int) -> float:
             text=True,
             check=True,
         ).stdout
-        match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-        assert match, out
-        return float(match.group(1))
-    return asyncio.run(_httpx_load(url, seconds, connections))
+        rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        count = re.search(r"(\d+) requests in", out)
+        assert rate and count, out
+        return float(rate.group(1)), int(count.group(1))
+    per_s = asyncio.run(_httpx_load(url, seconds, connections))
+    return per_s, round(per_s * seconds)
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time a process has used (user + system): steal and other tenants' load not counted."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _httpx_load(url: str, seconds: float, connections: int) -> float:
@@ -148,34 +200,44 @@ async def _httpx_load(url: str, seconds: float, connections: int) -> float:
     return done / seconds
 
 
-def url_of(servers: dict[str, tuple[subprocess.Popen[bytes], str]], name: str) -> str:
-    return servers[name][1]
-
-
-def through_uvicorn(rounds: int, seconds: float, connections: int) -> dict[str, float]:
-    servers = {"gate": start_server("gated_app"), "no gate": start_server("plain_app")}
+def through_uvicorn(rounds: int, seconds: float, connections: int) -> dict[str, Any]:
+    """Alternating rounds; each variant's figure is the median over rounds of its ratio to the plain
+    app's in the same round (drift over the run cancels), in requests/s and in server CPU per request."""
+    servers = {name: start_server(factory) for name, factory in FACTORIES.items()}
     rates: dict[str, list[float]] = {name: [] for name in servers}
+    cpu_us: dict[str, list[float]] = {name: [] for name in servers}
     try:
         for _, url in servers.values():
             load(url, 1, connections)  # warm-up
         order = list(servers)
         for _ in range(rounds):
-            for name in order:  # ABBA order, so that drift over the run favours neither
-                rates[name].append(load(url_of(servers, name), seconds, connections))
+            for name in order:  # the order reversed each round, so that drift over the run favours none
+                process, url = servers[name]
+                cpu_before_s = cpu_s(process.pid)
+                rate, count = load(url, seconds, connections)
+                rates[name].append(rate)
+                cpu_us[name].append((cpu_s(process.pid) - cpu_before_s) / count * 1e6)
             order.reverse()
     finally:
         for process, _ in servers.values():
             process.send_signal(signal.SIGINT)
             process.wait(10)
-    gate_rps, plain_rps = statistics.median(rates["gate"]), statistics.median(rates["no gate"])
-    return {
+    result: dict[str, Any] = {
         "rps_by_round": rates,
-        "rps_gate": gate_rps,
-        "rps_no_gate": plain_rps,
-        "ratio": gate_rps / plain_rps,
+        "server_cpu_us_per_request_by_round": cpu_us,
+        "rps_no_gate": statistics.median(rates["no gate"]),
+        "cpu_us_no_gate": statistics.median(cpu_us["no gate"]),
         "client": "wrk" if shutil.which("wrk") else "httpx",
         "rounds": rounds,
     }
+    for name in ("pass-through", "defaults", "fixed"):
+        result[f"rps_{name}"] = statistics.median(rates[name])
+        result[f"ratio_{name}"] = statistics.median(r / p for r, p in zip(rates[name], rates["no gate"], strict=True))
+        result[f"cpu_us_{name}"] = statistics.median(cpu_us[name])
+        result[f"cpu_ratio_{name}"] = statistics.median(
+            p / c for c, p in zip(cpu_us[name], cpu_us["no gate"], strict=True)
+        )
+    return result
 
 
 def main() -> None:
@@ -183,16 +245,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     args = parser.parse_args()
     rounds = 4 if args.quick else 10
-    process = in_process(rounds=rounds, per_round=2000 if args.quick else 5000)
-    print(
-        f"in process: median {process['median_us_no_gate']:.1f} us without the gate, "
-        f"{process['median_us_gate']:.1f} us with it: {process['added_us']:+.1f} us per request (target <= 30)"
-    )
-    served = through_uvicorn(rounds=rounds, seconds=3 if args.quick else 5, connections=32)
-    print(
-        f"through uvicorn ({served['client']}): {served['rps_no_gate']:.0f} req/s without the gate, "
-        f"{served['rps_gate']:.0f} with it: {served['ratio']:.3f}x (target >= 0.95)"
-    )
+    process = in_process(rounds=rounds * 5, per_round=1000 if args.quick else 2000)
+    for name in ("pass-through", "defaults", "fixed"):
+        print(
+            f"in process, {name}: median {process['median_us_no_gate']:.1f} us without the gate, "
+            f"{process[f'median_us_{name}']:.1f} us with it: {process[f'added_us_{name}']:+.1f} us per request "
+            "(median of paired rounds; target <= 10)"
+        )
+    served = through_uvicorn(rounds=rounds, seconds=3 if args.quick else 5, connections=16)
+    for name in ("pass-through", "defaults", "fixed"):
+        print(
+            f"through uvicorn ({served['client']} -c16), {name}: {served['rps_no_gate']:.0f} req/s without the gate, "
+            f"{served[f'rps_{name}']:.0f} with it: {served[f'ratio_{name}']:.3f}x (target >= 0.95); server CPU "
+            f"{served['cpu_us_no_gate']:.0f} -> {served[f'cpu_us_{name}']:.0f} us per request: "
+            f"{served[f'cpu_ratio_{name}']:.3f}x the requests per CPU-second"
+        )
     RESULTS.mkdir(exist_ok=True)
     result = {"command": "python -m benchmarks.overhead" + (" --quick" if args.quick else ""), "cpus": os.cpu_count(),
               "in_process": process, "uvicorn": served}  # fmt: skip
