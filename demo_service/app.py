@@ -126,7 +126,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="adaptive-gate demo", lifespan=lifespan)
     if policy == "adaptive":
-        app.add_middleware(AdaptiveGate, probe=probe, **settings.gate)
+        # A batch may hold max_files files of max_file_bytes each (plus the form's own bytes): the
+        # gate reads a body whole before it may take a slot, so it must allow that much.
+        batch_bytes = settings.max_files * settings.max_file_bytes + MiB
+        bounds = {"max_body_bytes": batch_bytes, "max_buffered_bytes": max(256 * MiB, batch_bytes)}
+        app.add_middleware(AdaptiveGate, probe=probe, **(bounds | settings.gate))
     elif policy == "static":
         app.add_middleware(SemaphoreMiddleware, limit=static_limit)
 

@@ -9,7 +9,7 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Host, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from adaptive_gate import AdaptiveGate
@@ -140,6 +140,34 @@ async def test_table_is_per_route_not_per_url() -> None:
             await client.post(f"/v1/predict/m{i}")
         assert gate._routes._nodes is nodes  # not rebuilt, and it holds routes, not URLs
         assert gate.core.counters.admitted == 301
+
+
+async def test_answers_per_path_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("adaptive_gate._routes.MAX_ANSWERS", 16)
+    app = build_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+        for i in range(100):
+            await client.post(f"/v1/predict/m{i}")
+            await client.get("/plain")
+        table = find_gate(app)._routes
+        assert table._answers is not None and 0 < len(table._answers) <= 16  # distinct URLs: bounded
+        assert table._answers.get(("GET", "/plain"), "absent") is None  # remembered: not gated
+        assert find_gate(app).core.counters.admitted == 100  # every predict, none of the plain ones
+
+
+async def test_a_host_route_turns_the_remembered_answers_off() -> None:
+    inner = Starlette(routes=[Route("/infer", PlainTextResponse("gpu"), methods=["POST"])])
+    inner.routes[0].tags = ["gpu"]  # type: ignore[attr-defined]
+    app = Starlette(routes=[Host("gpu.example", inner), Route("/infer", PlainTextResponse("cpu"), methods=["POST"])])
+    app.add_middleware(AdaptiveGate, probe=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+        on_gpu_host = await client.post("/infer", headers={"host": "gpu.example"})
+        elsewhere = await client.post("/infer")
+        again_on_gpu_host = await client.post("/infer", headers={"host": "gpu.example"})
+    gate = find_gate(app)
+    assert (on_gpu_host.text, elsewhere.text, again_on_gpu_host.text) == ("gpu", "cpu", "gpu")
+    assert gate._routes._answers is None  # the host decides, not the path alone
+    assert gate.core.counters.admitted == 2
 
 
 async def test_routes_added_later_are_seen() -> None:

@@ -114,6 +114,41 @@ async def test_sampling_starts_at_the_first_request_without_lifespan() -> None:
     assert not gate.statistics().probe.running
 
 
+async def test_without_lifespan_the_first_reading_comes_before_the_first_admission() -> None:
+    from adaptive_gate.testing import SimulatedGPU
+
+    gpu = SimulatedGPU(8 * GiB, baseline_bytes=1 * GiB)
+    seen_at_admission: list[object] = []
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=gpu, sample_period=5.0)  # one reading, then none for 5 s
+
+    @app.post("/infer", tags=["gpu"])
+    async def infer() -> dict[str, bool]:
+        seen_at_admission.append(find_gate(app).core.probe.last_sample)
+        return {"ok": True}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        assert (await client.post("/infer")).status_code == 200
+        gate = find_gate(app)
+        assert gate.statistics().probe.running
+        await gate.aclose()
+    assert seen_at_admission == [MemorySample(1 * GiB, 8 * GiB, 0)]
+    assert not gate.statistics().probe.running
+
+
+async def test_an_embedder_runs_the_gate_with_running() -> None:
+    probe = Probe("ok")
+    app = app_with(probe)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        await client.get("/gate/status")  # builds the middleware stack
+        gate = find_gate(app)
+        async with gate.running():
+            assert probe.calls >= 1  # the first reading is taken before the block starts
+            assert gate.statistics().probe.running
+            assert (await client.post("/infer")).status_code == 200
+        assert not gate.statistics().probe.running  # nothing left running after the block
+
+
 async def test_probe_none_never_samples() -> None:
     app = app_with(None)
     async with LifespanManager(app) as manager:
