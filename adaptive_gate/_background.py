@@ -50,21 +50,30 @@ class Background:
     @asynccontextmanager
     async def running(self, *, first_reading: bool = True) -> AsyncIterator[None]:
         """Run the loops for the duration of the block. `first_reading=False` leaves the first
-        reading to `first_reading()` (the lifespan takes it once the application has started)."""
-        self._sampler = self._make_sampler()
-        self._loops = [loop for loop in (self._sampler, self._make_monitor()) if loop is not None]
-        self.ready = False
+        reading to `first_reading()` (the lifespan takes it once the application has started).
+        Where the loops already run (a lifespan, and an embedder's `running()` inside it), the
+        block shares them rather than starting a second set that would overwrite the first."""
+        if self._loops:
+            yield
+            return
+        sampler = self._make_sampler()
+        loops: list[BackgroundLoop] = [loop for loop in (sampler, self._make_monitor()) if loop is not None]
+        self._sampler, self._loops, self.ready = sampler, loops, False
         error: BaseException | None = None
-        async with anyio.create_task_group() as task_group:
-            for loop in self._loops:
-                task_group.start_soon(loop.run)
-            try:
-                if first_reading:
-                    await self.first_reading()
-                yield
-            except BaseException as exc:  # re-raised below, not wrapped in an ExceptionGroup
-                error = exc
-            self.stop()
+        try:
+            async with anyio.create_task_group() as task_group:
+                for loop in loops:
+                    task_group.start_soon(loop.run)
+                try:
+                    if first_reading:
+                        await self.first_reading()
+                    yield
+                except BaseException as exc:  # re-raised below, not wrapped in an ExceptionGroup
+                    error = exc
+                for loop in loops:
+                    loop.stop()
+        finally:
+            self._sampler, self._loops, self.ready = None, [], False
         if error is not None:
             raise error
 
@@ -86,18 +95,22 @@ class Background:
         """No lifespan ran: start the loops in a task of their own, and wait for the first reading.
 
         Only on asyncio, where a task can outlive the request that started it; elsewhere the gate
-        runs on OOM and latency signals until a lifespan or `running()` starts it.
+        runs on OOM and latency signals until a lifespan or `running()` starts it. A task left
+        from another event loop (a test's, a `TestClient` without `with`) is replaced.
         """
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.ready = True
             return
-        if self._task is None:
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not loop:
             self._ready_event, self._stop = anyio.Event(), anyio.Event()
             self._task = loop.create_task(self._serve_until_stopped(self._stop))
+        ready_event = self._ready_event
+        assert ready_event is not None
         with anyio.move_on_after(self._first_reading_timeout_s + 1.0):
-            await self._ready_event.wait()  # type: ignore[union-attr]
+            await ready_event.wait()
         self.ready = True
 
     async def _serve_until_stopped(self, stop: anyio.Event) -> None:
@@ -108,7 +121,7 @@ class Background:
         """Stop the loops started without a lifespan; nothing is left running afterwards."""
         self.stop()
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
             await asyncio.wait([task])
 
 

@@ -52,6 +52,7 @@ class Operations:
             first_reading_timeout_s=FIRST_READING_WAIT_S + options.probe_timeout,
         )
         self._workers = WorkerCount(options.workers)
+        self.tick_hooks: list[Callable[[], None]] = []  # more work for the monitor's tick
         self._thread_pool_tokens: float | None = None
         self._warned_thread_pool = False
         core.limit_listeners.append(self._limit_changed)
@@ -60,6 +61,8 @@ class Operations:
 
     def _on_tick(self, now_s: float, lag_s: float) -> None:
         self._abandon_stuck_sends(now_s)
+        for hook in self.tick_hooks:
+            hook()
         core = self.core
         min_limit, max_limit = core.bounds()
         self.watch.tick(

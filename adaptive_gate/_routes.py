@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from starlette.routing import Host, Match, Mount, Route
+from starlette.routing import Host, Match, Mount, Route, WebSocketRoute
 from starlette.types import Scope
 
 logger = logging.getLogger("adaptive_gate")
@@ -31,17 +31,6 @@ MAX_ANSWERS = 1024
 
 def normalise_tag(tag: object) -> str:
     return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
-
-
-def check_tags(tag: object) -> frozenset[str] | None:
-    """The `tag` option as a set: one tag, or several (FastAPI's tags are lists, so a list is natural)."""
-    if tag is None:
-        return None
-    if isinstance(tag, str | enum.Enum):
-        return frozenset({normalise_tag(tag)})
-    if isinstance(tag, list | tuple | set | frozenset) and tag and all(isinstance(t, str | enum.Enum) for t in tag):
-        return frozenset(normalise_tag(t) for t in tag)
-    raise TypeError(f'tag must be a str such as "gpu", a list of them, or None (gate every request); got {tag!r}')
 
 
 class GatedRoute:
@@ -66,7 +55,8 @@ class _Node:
         self.children = children
         self.regex: re.Pattern[str] | None = None
         self.methods: frozenset[str] | None = None
-        if children is None and isinstance(getattr(route, "original_route", route), Route):
+        original = getattr(route, "original_route", route)
+        if children is None and isinstance(original, Route) and _plain_matches(original):
             self.regex = route.path_regex
             self.methods = frozenset(route.methods) if route.methods else None
         methods = ",".join(sorted(self.methods - {"HEAD"} or self.methods)) if self.methods else "*"
@@ -154,6 +144,14 @@ class RouteTable:
         # routes costs a regex per route. Bounded (cleared when full), and off where a Host route
         # makes the answer depend on more than the path.
         self._answers: dict[tuple[str, str], GatedRoute | None] | None = {}
+        self._signature: object = None
+
+    def notice_changes(self) -> None:
+        """On the monitor's tick: a change that keeps the number of routes (one replaced, one added
+        to a router included earlier) has the table built again at the next request. Appended
+        routes are seen at once, by the count."""
+        if self._app is not None and _signature(self._app) != self._signature:
+            self._size = -1
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
         """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""
@@ -175,7 +173,8 @@ class RouteTable:
         if app is not self._app or len(routes) != self._size:
             self._nodes = _build(routes, self._tags)
             self._app, self._size = app, len(routes)
-            self._answers = None if _any_host(self._nodes) else {}
+            self._signature = _signature(app)
+            self._answers = {} if _path_decides(self._nodes) else None
         answers = self._answers
         if answers is None:
             return _gated(self._nodes, scope, path)
@@ -190,12 +189,40 @@ class RouteTable:
         return answer
 
 
-def _any_host(nodes: list[_Node]) -> bool:
-    return any(
-        isinstance(getattr(node.route, "original_route", node.route), Host)
-        or (node.children is not None and _any_host(node.children))
-        for node in nodes
-    )
+def _signature(app: object) -> object:
+    """What identifies an application's routes as they are: which route objects, and FastAPI's
+    own version count of its routers (it changes when an included router gains a route)."""
+    routes = getattr(app, "routes", ())
+    version = getattr(getattr(app, "router", None), "_get_routes_version", None)
+    try:
+        return tuple(map(id, routes)), version() if callable(version) else None
+    except Exception:  # a router that cannot say: the route objects alone
+        return tuple(map(id, routes)), None
+
+
+def _plain_matches(route: Route) -> bool:
+    """Whether `route` matches as Starlette's and FastAPI's own routes do: by path and method alone.
+    A subclass with its own `matches()` (a header-based version, say) is asked every time."""
+    plain = [Route.matches]
+    fastapi_routing = sys.modules.get("fastapi.routing")
+    api_route = getattr(fastapi_routing, "APIRoute", None)
+    if api_route is not None:
+        plain.append(api_route.matches)
+    return type(route).matches in plain
+
+
+def _path_decides(nodes: list[_Node]) -> bool:
+    """Whether method and path alone decide every answer: not with a Host route (the host header
+    decides) nor with a route that has its own `matches()`."""
+    for node in nodes:
+        original = getattr(node.route, "original_route", node.route)
+        if isinstance(original, Host):
+            return False
+        if node.children is None and node.regex is None and not isinstance(original, WebSocketRoute):
+            return False
+        if node.children is not None and not _path_decides(node.children):
+            return False
+    return True
 
 
 def _routed_app(app: object, depth: int = 32) -> object:

@@ -61,13 +61,19 @@ class ProbeThread:
     """
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.busy_since_s: float | None = None
 
     def _serve(self) -> None:
-        while True:
-            self._calls.get()()
+        while (call := self._calls.get()) is not None:
+            call()
+
+    def close(self) -> None:
+        """The thread ends once the call it runs (if any) returns."""
+        if self._thread is not None:
+            self._calls.put(None)
+            self._thread = None
 
     async def call(self, function: Callable[[], T], timeout_s: float) -> T:
         if self.busy_since_s is not None:
@@ -175,12 +181,15 @@ class Sampler(BackgroundLoop):
 
     async def _body(self) -> None:
         thread = ProbeThread()
-        probe = await self._start_probe(thread)
-        if probe is None:
-            self._without_probe = True
-            self._reading_tried()
-            return
-        await self._loop(probe, thread)
+        try:
+            probe = await self._start_probe(thread)
+            if probe is None:
+                self._without_probe = True
+                self._reading_tried()
+                return
+            await self._loop(probe, thread)
+        finally:
+            thread.close()
 
     async def _start_probe(self, thread: ProbeThread) -> Probe | None:
         """Find the probe (`probe="auto"` loads NVML or torch), retrying while that hangs."""

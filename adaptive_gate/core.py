@@ -23,6 +23,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from ._operator import OperatorBounds
+from ._swallowed import SwallowedOoms
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
@@ -111,9 +112,7 @@ class GateCore:
         self.limit_listeners: list[Callable[[LimitChange], None]] = []
         self.unix_offset_s = unix_offset_s
         self._random = random.Random(seed)
-        self._ooms_from_errors = 0
-        self._ooms_from_probe_counted = 0
-        self._probe_oom_start: int | None = None
+        self._swallowed = SwallowedOoms()
         self._probe_oom_epoch = 0
 
     # -- requests -------------------------------------------------------------------------------
@@ -176,9 +175,14 @@ class GateCore:
     def oom(self, ticket: Ticket, now_s: float) -> bool:
         """A gated request ran out of memory; True when it ran alone (too large, not congestion)."""
         limiter = self.limiter
-        alone = ticket.alone_at_admission and ticket.serial == self.counters.admitted and limiter.in_flight == 1
+        alone = (
+            not ticket.released  # after its release the slot may be another's
+            and ticket.alone_at_admission
+            and ticket.serial == self.counters.admitted
+            and limiter.in_flight == 1
+        )
         self._count_ooms(1, now_s)
-        self._ooms_from_errors += 1
+        self._swallowed.error_seen()
         if not alone:  # one request that does not fit even alone: cutting would only starve the others
             self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=limiter.in_flight)
             self._apply_limit(now_s)
@@ -229,14 +233,9 @@ class GateCore:
 
     def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
         """OOMs the application caught itself show only in the probe's cumulative count."""
-        if sample.oom_count is None:
-            return
-        if self._probe_oom_start is None:
-            self._probe_oom_start = sample.oom_count - self._ooms_from_errors
-        unseen = sample.oom_count - self._probe_oom_start - self._ooms_from_errors - self._ooms_from_probe_counted
-        if unseen > 0:
-            self._ooms_from_probe_counted += unseen
-            self._count_ooms(unseen, now_s)
+        swallowed = self._swallowed.reading(sample.oom_count)
+        if swallowed > 0:
+            self._count_ooms(swallowed, now_s)
             # Cut at most once for what happened since the previous sample.
             self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch

@@ -119,6 +119,7 @@ class AdaptiveGate:
         )
         self._endpoints = Endpoints(self.options)
         self._routes = RouteTable(self.options.tag, fallback_app=app)
+        self.ops.tick_hooks.append(self._routes.notice_changes)
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
         self._oom_logged_epoch = -1
 
@@ -185,14 +186,18 @@ class AdaptiveGate:
                 response_started = True
                 informative = message["status"] < 400
             ticket.sending_since_s = time.monotonic()  # the monitor's watchdog abandons a send stuck too long
-            await send(message)
-            ticket.sending_since_s = None
-            if ticket.abandoned:
-                raise ClientNotReading(ABANDONED)
-            if (message_type == "http.response.body" and not message.get("more_body", False)) or (
+            try:
+                await send(message)
+            finally:  # a send that raised is not one that waits
+                ticket.sending_since_s = None
+            last = (message_type == "http.response.body" and not message.get("more_body", False)) or (
                 message_type == "http.response.pathsend"
-            ):
-                core.release(ticket, clock(), Outcome.COMPLETED if informative else Outcome.FAILED)
+            )
+            if last:  # delivered whole, even if the watchdog gave up on it in the same instant
+                if not ticket.released:
+                    core.release(ticket, clock(), Outcome.COMPLETED if informative else Outcome.FAILED)
+            elif ticket.abandoned:
+                raise ClientNotReading(ABANDONED)
 
         try:
             await self.app(scope, receive, send_and_release)

@@ -260,16 +260,21 @@ def test_bad_device_is_explained() -> None:
 # -- the real service, as the README starts it -----------------------------------------------------
 
 
-def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
+def start_demo(*python_args: str) -> tuple[subprocess.Popen[str], str]:
+    """The demo as a process of its own on a free loopback port; its output kept for the failure message."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "demo_service", "--port", str(port)],
+        [sys.executable, *python_args, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_readme_command_serves_a_burst_and_stops_cleanly() -> None:
+    process, url = start_demo("-m", "demo_service")
     try:
         wait_until_healthy(url, process, "the demo service")
 
@@ -329,15 +334,7 @@ runpy.run_module("demo_service", run_name="__main__", alter_sys=True)
 
 def test_default_service_names_a_real_photo_offline() -> None:
     """The README's first example: the defaults, nothing from the network, a photo, ImageNet's answer."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-c", OFFLINE, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_demo("-c", OFFLINE)
     try:
         wait_until_healthy(url, process, "the demo service")
         response = httpx.post(f"{url}/predict", files={"file": (PHOTO.name, PHOTO.read_bytes(), "image/jpeg")},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+import anyio
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
@@ -243,3 +244,54 @@ async def test_websockets_pass_through() -> None:
     await app(scope, receive, send)
     assert [m["type"] for m in messages] == ["websocket.accept", "websocket.send", "websocket.close"]
     assert find_gate(app).core.counters.admitted == 0
+
+
+async def test_a_route_added_to_an_included_router_later_is_seen_within_a_tick() -> None:
+    from asgi_lifespan import LifespanManager
+
+    router = APIRouter()
+
+    @router.get("/known")
+    def known() -> dict[str, str]:
+        return {}
+
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None)
+    app.include_router(router, prefix="/r")
+    async with (
+        LifespanManager(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        await client.get("/r/known")
+
+        @router.post("/late", tags=["gpu"])  # the app's own route list keeps its length
+        def late() -> dict[str, str]:
+            return {}
+
+        gate = find_gate(app)
+        await anyio.sleep(0.3)  # a few monitor ticks
+        assert (await client.post("/r/late")).status_code == 200
+    assert gate.core.counters.admitted == 1
+
+
+async def test_a_route_with_its_own_matches_is_asked() -> None:
+    from fastapi.routing import APIRoute
+    from starlette.routing import Match
+    from starlette.types import Scope
+
+    class V2Route(APIRoute):
+        def matches(self, scope: Scope) -> tuple[Match, Scope]:
+            if (b"x-api-version", b"2") not in scope.get("headers", []):
+                return Match.NONE, {}
+            return super().matches(scope)
+
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None)
+    app.router.routes.append(V2Route("/infer", lambda: {"v": 2}, methods=["POST"], tags=["gpu"]))
+    app.router.routes.append(APIRoute("/infer", lambda: {"v": 1}, methods=["POST"]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        v1 = await client.post("/infer")
+        v2 = await client.post("/infer", headers={"x-api-version": "2"})
+        v1_again = await client.post("/infer")
+    assert (v1.json(), v2.json(), v1_again.json()) == ({"v": 1}, {"v": 2}, {"v": 1})
+    assert find_gate(app).core.counters.admitted == 1  # the v2 request only

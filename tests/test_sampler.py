@@ -202,3 +202,49 @@ async def test_a_hanging_probe_delays_start_up_only_by_its_timeout() -> None:
                 assert find_gate(app).core.probe.last_sample is None
     finally:
         probe.release.set()
+
+
+async def test_a_running_block_inside_running_loops_shares_them_and_aclose_ends_all() -> None:
+    probe = Probe("ok")
+    app = app_with(probe)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        assert (await client.post("/infer")).status_code == 200  # no lifespan: the first request starts them
+        gate = find_gate(app)
+        async with gate.running():
+            assert gate.statistics().probe.running
+        assert gate.statistics().probe.running  # the block shared the loops; it did not end them
+        with anyio.fail_after(5):
+            await gate.aclose()
+    assert not gate.statistics().probe.running
+
+
+def test_a_gate_used_from_a_second_event_loop_starts_its_loops_there() -> None:
+    probe = Probe("ok")
+    app = app_with(probe)
+
+    async def one_request() -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+            status = (await client.post("/infer")).status_code
+            await wait_until(lambda: find_gate(app).statistics().probe.running)
+            return status
+
+    assert anyio.run(one_request) == 200  # its loop ends with the background task still running in it
+    calls = probe.calls
+    assert anyio.run(one_request) == 200  # a new loop: the background starts again in it
+    assert probe.calls > calls
+
+
+async def test_probe_threads_end_with_their_runs() -> None:
+    def probe_threads() -> int:
+        return sum(t.name == "adaptive-gate-probe" for t in threading.enumerate())
+
+    before = probe_threads()  # other tests' hung probes may still hold theirs
+    probe = Probe("ok")
+    app = app_with(probe)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        await client.get("/gate/status")
+        gate = find_gate(app)
+        for _ in range(5):
+            async with gate.running():
+                pass
+    await wait_until(lambda: probe_threads() <= before)
