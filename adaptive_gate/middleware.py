@@ -99,6 +99,10 @@ class AdaptiveGate:
             options.pop(collaborator, None)
         self.app = app
         self.options = GateOptions(**options)
+        if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+            raise TypeError(
+                f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
+            )
         self.core = make_core(
             AIMD() if controller is None else controller,
             min_limit=self.options.min_limit,
@@ -109,10 +113,6 @@ class AdaptiveGate:
             clock=clock,
             unix_offset_s=time.time() - clock(),
         )
-        if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-            raise TypeError(
-                f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
-            )
         self._clock = clock
         self.ops = Operations(
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
