@@ -208,7 +208,8 @@ class Sampler(BackgroundLoop):
             self._readings_started += 1
             self._readings_done = self._readings_started
             self._reading_tried()
-            delay_s = await self._pause(min(MAX_BACKOFF_S, delay_s * 2))
+            delay_s = min(MAX_BACKOFF_S, delay_s * 2)
+            await self._pause(delay_s)
         self._on_probe(probe, description)
         return probe
 
@@ -239,11 +240,10 @@ class Sampler(BackgroundLoop):
             return False
         return True
 
-    async def _pause(self, delay_s: float) -> float:
+    async def _pause(self, delay_s: float) -> None:
         with anyio.move_on_after(delay_s):
             await self._wake.wait()
         self._wake = anyio.Event()
-        return delay_s
 
 
 def _hang_message(exc: Exception, timeout_s: float) -> str:

@@ -15,7 +15,6 @@ serves, and a test can feed both one sequence of events and compare what they di
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from collections import deque
@@ -30,9 +29,7 @@ from .memory import MemorySample
 from .statistics import GateStatistics, LimitChange, snapshot
 from .status import BucketCounts, Counters, RecentValues
 
-__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "make_core"]
-
-logger = logging.getLogger("adaptive_gate")
+__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket"]
 
 ADMITTED = "admitted"
 MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
@@ -89,12 +86,17 @@ class GateCore:
         *,
         min_limit: int,
         max_limit: int,
+        initial_limit: int | None,
         max_queue: int,
         max_retry_after_s: int,
         clock: Callable[[], float],
         unix_offset_s: float = 0.0,
         seed: int | None = None,
     ) -> None:
+        """The middleware and the simulator build it alike; `controller` is bound to the bounds here."""
+        if not isinstance(controller, Controller):
+            raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
+        controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
         self.controller = controller
         self.min_limit, self.max_limit = min_limit, max_limit
         self.max_retry_after_s = max_retry_after_s
@@ -319,31 +321,3 @@ class GateCore:
     def statistics(self) -> GateStatistics:
         """A snapshot of the figures; reading it changes nothing."""
         return snapshot(self)
-
-
-def make_core(
-    controller: Controller,
-    *,
-    min_limit: int,
-    max_limit: int,
-    initial_limit: int | None,
-    max_queue: int,
-    max_retry_after_s: int,
-    clock: Callable[[], float],
-    unix_offset_s: float = 0.0,
-    seed: int | None = None,
-) -> GateCore:
-    """A core around `controller`, bound to the bounds: what the middleware and the simulator both build."""
-    if not isinstance(controller, Controller):
-        raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
-    controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
-    return GateCore(
-        controller,
-        min_limit=min_limit,
-        max_limit=max_limit,
-        max_queue=max_queue,
-        max_retry_after_s=max_retry_after_s,
-        clock=clock,
-        unix_offset_s=unix_offset_s,
-        seed=seed,
-    )

@@ -27,7 +27,7 @@ from ._line import wait_in_line
 from ._operations import Operations
 from ._routes import GatedRoute, RouteTable, route_path
 from .control import AIMD, Controller
-from .core import ADMITTED, Outcome, Ticket, make_core
+from .core import ADMITTED, GateCore, Outcome, Ticket
 from .diagnostics import Diagnostics
 from .limiter import Waiter
 from .metrics import GateMetrics
@@ -40,7 +40,6 @@ __all__ = ["AdaptiveGate", "ClientNotReading"]
 
 logger = logging.getLogger("adaptive_gate")
 
-MONITOR_PERIOD_S = 0.1
 MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 CLOSE = [(b"connection", b"close")]
 ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
@@ -103,7 +102,7 @@ class AdaptiveGate:
             raise TypeError(
                 f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
             )
-        self.core = make_core(
+        self.core = GateCore(
             AIMD() if controller is None else controller,
             min_limit=self.options.min_limit,
             max_limit=self.options.max_limit,

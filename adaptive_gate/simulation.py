@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .control import AIMD, Controller
-from .core import ADMITTED, GateCore, Outcome, Ticket, make_core
+from .core import ADMITTED, GateCore, Outcome, Ticket
 from .limiter import Waiter
 from .memory import MemorySample
 from .statistics import LimitChange
@@ -99,7 +99,7 @@ def simulate(
     record: bool = False,
 ) -> SimulationResult:
     run = _Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
-    run.core = make_core(
+    run.core = GateCore(
         controller or AIMD(),
         min_limit=min_limit,
         max_limit=max_limit,

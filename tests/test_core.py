@@ -9,14 +9,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from adaptive_gate import AIMD, MemorySample
 from adaptive_gate._operator import OperatorBounds
 from adaptive_gate._swallowed import SwallowedOoms
-from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket, make_core
+from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.limiter import Waiter
 
 GiB = 2**30
 
 
 def core_at(now: list[float], **kwargs: object) -> GateCore:
-    return make_core(
+    return GateCore(
         AIMD(knee_gain=0),
         min_limit=1,
         max_limit=16,
@@ -114,7 +114,7 @@ class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = [0.0]
-        self.core = make_core(
+        self.core = GateCore(
             AIMD(knee_gain=0), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
             clock=lambda: self.now[0],
         )  # fmt: skip
