@@ -235,7 +235,7 @@ class GateCore:
 
     def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
         """OOMs the application caught itself show only in the probe's cumulative count."""
-        swallowed = self._swallowed.reading(sample.oom_count)
+        swallowed = self._swallowed.reading(sample.oom_count, now_s)
         if swallowed > 0:
             self._count_ooms(swallowed, now_s)
             # Cut at most once for what happened since the previous sample.

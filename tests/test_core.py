@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from adaptive_gate import AIMD, MemorySample
 from adaptive_gate._operator import OperatorBounds
-from adaptive_gate._swallowed import SwallowedOoms
+from adaptive_gate._swallowed import GRACE_S, SwallowedOoms
 from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.limiter import Waiter
 
@@ -28,82 +28,88 @@ def core_at(now: list[float], **kwargs: object) -> GateCore:
 
 
 def test_an_oom_alone_that_the_probe_counted_first_still_cuts_nothing() -> None:
-    """The count moves when the allocator raises; the error reaches the gate later. A reading in
-    between used to count the OOM as swallowed (and cut), then the error counted it again."""
+    """The count moves when the allocator raises; the error reaches the gate later, after several
+    readings when they come every few milliseconds. Such a reading used to count the OOM as
+    swallowed (and cut), then the error counted it again."""
     now = [0.0]
     core = core_at(now)
     core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=0), now[0])
     assert core.arrive(30.0) is ADMITTED
     ticket = core.admitted(now[0], 0.0)
-    now[0] = 0.1
-    core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=1), now[0])  # the count is ahead of the error
-    now[0] = 0.15
+    for step in range(1, 30):  # readings every 10 ms while the error is on its way
+        now[0] = step * 0.01
+        core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=1), now[0])
     assert core.oom(ticket, now[0]) is True  # it ran alone
     core.release(ticket, now[0], Outcome.OOM)
-    now[0] = 0.2
+    now[0] = 2.0
     core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=1), now[0])
     assert core.counters.ooms == 1 and core.controller.epoch == 0 and core.limiter.limit == 8
-    # A later OOM the application swallows is still seen, one reading on.
-    for step, count in ((0.3, 2), (0.4, 2)):
-        now[0] = step
-        core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=count), now[0])
+    # A later OOM the application swallows is still seen, once the grace has passed.
+    for at_s in (2.1, 2.6, 3.2):
+        now[0] = at_s
+        core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=2), now[0])
     assert core.counters.ooms == 2 and core.controller.epoch == 1
 
 
-def test_swallowed_after_one_reading_unexplained() -> None:
+def test_swallowed_once_unexplained_for_the_grace() -> None:
     ledger = SwallowedOoms()
-    assert ledger.reading(5) == 0  # the starting point
-    assert ledger.reading(7) == 0  # pending: their errors may be on the way
+    assert ledger.reading(5, 0.0) == 0  # the starting point
+    assert ledger.reading(7, 0.1) == 0  # pending: their errors may be on the way
+    assert ledger.reading(7, 0.2) == 0
     ledger.error_seen()
-    assert ledger.reading(7) == 1  # one explained by an error, one swallowed
+    assert ledger.reading(7, 0.1 + GRACE_S / 2) == 0  # one explained by its error
+    assert ledger.reading(7, 0.1 + GRACE_S) == 1  # the other was swallowed
 
 
 def test_errors_the_count_never_sees_leave_no_debt() -> None:
     ledger = SwallowedOoms()
-    ledger.reading(0)
+    ledger.reading(0, 0.0)
     for _ in range(3):
         ledger.error_seen()  # e.g. "CUDA error: out of memory", which num_ooms does not count
-    assert ledger.reading(0) == 0
-    assert ledger.reading(1) == 0
-    assert ledger.reading(1) == 1  # a later swallowed OOM is not hidden by those errors
+    assert ledger.reading(0, 0.1) == 0
+    assert ledger.reading(1, 0.2) == 0
+    assert ledger.reading(1, 0.2 + GRACE_S) == 1  # a later swallowed OOM is not hidden by those errors
 
 
 def test_a_count_that_goes_down_is_a_new_start() -> None:
     ledger = SwallowedOoms()
-    ledger.reading(10)
-    assert ledger.reading(2) == 0  # statistics reset
-    assert ledger.reading(3) == 0
-    assert ledger.reading(3) == 1
+    ledger.reading(10, 0.0)
+    assert ledger.reading(2, 0.1) == 0  # statistics reset
+    assert ledger.reading(3, 0.2) == 0
+    assert ledger.reading(3, 0.2 + GRACE_S) == 1
+
+
+PERIOD_S = 0.1  # readings this far apart; errors arrive up to `LATE_READINGS` of them late
+LATE_READINGS = int(GRACE_S / PERIOD_S) - 1
 
 
 @given(
     st.lists(
-        st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans(), st.integers(0, 2)),
-        max_size=30,
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, LATE_READINGS), st.integers(0, 2)),
+        max_size=40,
     )
 )
-def test_swallowed_counts_exactly_what_no_error_explained(steps: list[tuple[int, int, bool, int]]) -> None:
-    """Per reading: some OOMs are swallowed, some raised (their errors arrive before this reading
-    or the next), and some errors come from OOMs the count never sees. What is reported swallowed
-    is what was swallowed, once the readings have caught up, less at most one per error whose OOM the
-    count never saw (such an error and a swallowed OOM in the same reading look alike); never more,
-    and no error hides an OOM of a later reading."""
+def test_swallowed_counts_exactly_what_no_error_explained(steps: list[tuple[int, int, int, int]]) -> None:
+    """Per reading: some OOMs are swallowed, some raised (their errors arrive within the grace, up to
+    several readings late), and some errors come from OOMs the count never sees. What is reported
+    swallowed is what was swallowed, once the grace has passed, less at most one per error whose OOM
+    the count never saw (such an error and a swallowed OOM look alike); never more."""
     ledger = SwallowedOoms()
     count = 0
-    ledger.reading(count)
-    late_errors = 0
+    ledger.reading(count, 0.0)
+    errors_due: dict[int, int] = {}  # reading index -> errors that arrive just before it
     reported = truly_swallowed = unseen = 0
-    for swallowed, raised, errors_late, unseen_errors in steps:
-        unseen += unseen_errors
+    for index, (swallowed, raised, late, unseen_errors) in enumerate(steps, start=1):
         count += swallowed + raised
         truly_swallowed += swallowed
-        for _ in range(late_errors + (0 if errors_late else raised) + unseen_errors):
+        unseen += unseen_errors
+        errors_due[index + late] = errors_due.get(index + late, 0) + raised
+        for _ in range(errors_due.pop(index, 0) + unseen_errors):
             ledger.error_seen()
-        late_errors = raised if errors_late else 0
-        reported += ledger.reading(count)
-    for _ in range(late_errors):
+        reported += ledger.reading(count, index * PERIOD_S)
+    for _ in range(sum(errors_due.values())):
         ledger.error_seen()
-    reported += ledger.reading(count) + ledger.reading(count)
+    reported += ledger.reading(count, (len(steps) + LATE_READINGS + 1) * PERIOD_S + GRACE_S)
     assert truly_swallowed - unseen <= reported <= truly_swallowed
 
 
