@@ -1,8 +1,10 @@
 """Two things that stop AIMD from growing, each a small state machine with the time passed in.
 
-* `OomHold`: after an out-of-memory error with N requests in flight, N is not tried again for a
-  while, doubling at each repeat. Where memory cannot be measured, this is what stops AIMD from
-  paying an OOM on every probe of a known-bad limit.
+* `OomHold`: after an out-of-memory error with N requests in flight, N is not tried again while
+  the card is as tight as it was then: where memory is read, until the room it has (in requests)
+  grows past what it had at the OOM (a neighbour left, inputs shrank); where it is not read, for a
+  while, doubling at each repeat. This is what stops AIMD from paying an OOM on every probe of a
+  known-bad limit, without barring that limit after the card has changed.
 * `KneeBrake`: latency as a brake, never the overload signal. When one more concurrent request no
   longer buys `knee_gain` of the ideal throughput gain, window after window, growth stops there for
   a while, and the step that got there is taken back.
@@ -18,6 +20,9 @@ __all__ = ["KNEE_STRIKES", "KneeBrake", "KneeVerdict", "OomHold"]
 # Windows in a row that must show the throughput knee before the brake acts: one slow window (a
 # warm-up, a pause of the event loop) is not a knee.
 KNEE_STRIKES = 3
+# How much roomier (in requests) the card must be than at an OOM before its level is tried again.
+ROOM_MARGIN = 0.5
+OOM_STATE_S = 1.0  # how long after an OOM the readings still describe the state it happened in
 
 
 class OomHold:
@@ -32,9 +37,12 @@ class OomHold:
         self._until_s = -math.inf
         self._hold_now_s = self.hold_s
         self._last_oom_s = -math.inf
+        self._room: float | None = None
 
-    def record(self, now_s: float, ran_out_at: int) -> None:
-        """Memory ran out with `ran_out_at` requests in flight."""
+    def record(self, now_s: float, ran_out_at: int, room: float | None = None) -> None:
+        """Memory ran out with `ran_out_at` requests in flight, when the card had `room` for so many
+        requests as far as the readings told (None: memory is not read)."""
+        self._room = room
         if now_s - self._last_oom_s > self.max_hold_s:
             self.ceiling, self._hold_now_s = None, self.hold_s  # a long quiet spell: forget it
         if self.ceiling is not None and ran_out_at >= self.ceiling:
@@ -44,8 +52,22 @@ class OomHold:
         self._last_oom_s = now_s
         self._until_s = now_s + self._hold_now_s
 
-    def bars(self, level: int, now_s: float) -> bool:
-        return self.ceiling is not None and level >= self.ceiling and now_s < self._until_s
+    def observe(self, now_s: float, room: float | None) -> None:
+        """A reading after the OOM: for `OOM_STATE_S` the state it happened in is still being read
+        (the reading that shows a neighbour's arrival may come after the OOM it caused), so the
+        tightest room seen then is the one recorded."""
+        if self._room is not None and room is not None and now_s - self._last_oom_s <= OOM_STATE_S:
+            self._room = min(self._room, room)
+
+    def bars(self, level: int, now_s: float, room: float | None = None) -> bool:
+        """Whether `level` is barred now, with `room` for so many requests as the readings tell."""
+        if self.ceiling is None or level < self.ceiling:
+            return False
+        if self._room is not None and room is not None:
+            # Conditional: barred while the card is no roomier than when it ran out (within half a
+            # request), for at most `max_hold_s` (after which it is tried again, once).
+            return room < self._room + ROOM_MARGIN and now_s < self._last_oom_s + self.max_hold_s
+        return now_s < self._until_s
 
 
 class KneeVerdict(Enum):

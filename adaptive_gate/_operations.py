@@ -61,6 +61,7 @@ class Operations:
 
     def _on_tick(self, now_s: float, lag_s: float) -> None:
         self._abandon_stuck_sends(now_s)
+        self.core.tick(now_s)
         for hook in self.tick_hooks:
             hook()
         core = self.core

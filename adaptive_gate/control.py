@@ -120,8 +120,10 @@ class AIMD(_Bounds):
     * `increase_step=1`: added to the limit after a window of `limit` successes with demand waiting.
     * `slow_start=True`: until the first cut, add `increase_step` per success instead (the limit
       doubles per window), so a big card is found in a few windows.
-    * `oom_backoff=0.5`: factor applied on an out-of-memory error, at most once per congestion
-      event (errors from requests admitted before the last cut are counted but do not cut again).
+    * `oom_backoff=0.5`: factor applied on an out-of-memory error where memory is not read, at most
+      once per congestion event (errors from requests admitted before the last cut are counted but
+      do not cut again). Where it is read, an OOM cuts to one below the level that ran out and
+      leaves the rest to the memory cap, which the next reading corrects.
     * `pressure_backoff=0.9`, `high_watermark=0.98`, `pressure_cooldown_s=1.0`: a gentle cut when a
       memory sample shows more than `high_watermark` of the card used, at most once per cooldown;
       no growth while above it.
@@ -132,8 +134,10 @@ class AIMD(_Bounds):
       short it is taken back and not retried for `knee_memory_s=30.0`, after which old latency is
       forgotten too, so the brake cannot stick. 0 turns the latency brake off.
     * `oom_hold_s=30.0`: after an OOM with N requests in flight, the limit goes below N and does
-      not climb back to N for this long (doubled at each further OOM at N or more, up to
-      `max_oom_hold_s=600.0`).
+      not climb back to N while the card is as tight as it was then: where memory is read, until
+      the readings show room for half a request more than at the OOM (at most `max_oom_hold_s`);
+      where it is not, for `oom_hold_s`, doubled at each further OOM at N or more, up to
+      `max_oom_hold_s=600.0`.
     """
 
     def __init__(
@@ -226,7 +230,7 @@ class AIMD(_Bounds):
         if verdict is KneeVerdict.WAIT:
             return
         grown = min(self.max_limit, self._aimd_limit + self.increase_step)
-        if self.oom_hold.bars(grown, now_s) or self.knee.bars(grown, now_s):
+        if self.oom_hold.bars(grown, now_s, self.memory.room()) or self.knee.bars(grown, now_s):
             return  # this many ran out of memory, or bought nothing, lately
         self._aimd_limit = self._grown_to = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
@@ -237,11 +241,13 @@ class AIMD(_Bounds):
         if epoch is not None and epoch < self._epoch:
             return  # admitted under a limit that was already cut for this congestion event
         ran_out_at = max(self.min_limit + 1, in_flight)
-        self.oom_hold.record(now_s, ran_out_at)
-        self._cut(self.oom_backoff, "out of memory", ran_out_at=ran_out_at)
+        room = self.memory.room()
+        self.oom_hold.record(now_s, ran_out_at, room)
+        self._cut(self.oom_backoff if room is None else 1.0, "out of memory", ran_out_at=ran_out_at)
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
+        self.oom_hold.observe(now_s, self.memory.room())
         self._over_watermark = sample.utilisation > self.high_watermark
         if self._over_watermark and now_s - self._last_pressure_cut_s >= self.pressure_cooldown_s:
             self._last_pressure_cut_s = now_s

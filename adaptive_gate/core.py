@@ -248,6 +248,13 @@ class GateCore:
 
     # -- the limit ------------------------------------------------------------------------------
 
+    def tick(self, now_s: float) -> None:
+        """Time passed: a controller that acts on time alone (`on_tick`, optional) may move the limit."""
+        on_tick = getattr(self.controller, "on_tick", None)
+        if on_tick is not None:
+            on_tick(now_s=now_s)
+            self._apply_limit(now_s)
+
     def set_operator(self, bounds: OperatorBounds | None, now_s: float) -> None:
         """Pin or bound the limit at run time (None: back to the configured bounds)."""
         if bounds is not None and bounds == OperatorBounds(self.min_limit, self.max_limit):

@@ -43,9 +43,13 @@ class MemoryModel:
       `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
       that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
       readings the model believes the one that fits fewer requests, until in-flight varies or the
-      card idles. A rise beyond the requests' usual spread is believed ten times faster than a fall
-      (fall half-life `halflife_s`): late to see growth costs OOMs, late to see relief only a little
-      throughput.
+      card idles.
+
+    Memory first: a rise that the requests' usual spread does not explain is believed at once (the
+    room shrinks before the next admission, not after an OOM), and so is relief, once two readings
+    in a row show it (a neighbour that left gives its room back within two sample periods; one
+    reading alone may be a request admitted and not yet allocated). Drift within the usual spread is
+    smoothed with the half-life `halflife_s`.
 
     Requests of different sizes (a mixed workload) are described by a mean and an upward spread
     (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
@@ -75,6 +79,9 @@ class MemoryModel:
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
+        # A lower baseline seen in the last reading: believed when the next one agrees.
+        self._pending_relief: float | None = None
+        self._since_shrink = 0  # readings since the last rise was believed: only these prove a level
         self._total_bytes = 0
         self.samples = 0
         self.busy_samples = 0
@@ -93,33 +100,62 @@ class MemoryModel:
         used = float(used_bytes)
         self.busy_samples += in_flight > 0
         self._recent.append((in_flight, used))
+        self._since_shrink += 1
         if self._fit_recent():
+            self._pending_relief = None
             return
         if in_flight <= 0:
-            self._baseline = used if self._baseline is None else self._baseline + 0.5 * (used - self._baseline)
+            self._pending_relief = None
+            self._baseline = used  # nothing of ours runs: this is exactly what the others hold
             return
         if self._baseline is None:
             return  # busy since the start and no spread yet: nothing to tell the baseline by
-        self._baseline = min(self._baseline, used)  # whatever runs, the baseline is no more than this
-        share = (used - self._baseline) / in_flight
         if self._per_request is None:
+            self._baseline = min(self._baseline, used)  # whatever runs, the baseline is no more than this
+            share = (used - self._baseline) / in_flight
             if share >= self._min_request_fraction * total_bytes:
                 self._per_request = share
             return
-        # Two readings explain this sample: the requests changed (`share`), or the baseline did
-        # (`moved_baseline`). Believe the one that allows fewer requests.
+        self._read_busy(used, in_flight, elapsed_s)
+
+    def _read_busy(self, used: float, in_flight: int, elapsed_s: float) -> None:
+        """One reading with requests in flight. A change beyond the requests' usual spread is the
+        others' (a neighbour, a leak, inputs that grew): the room shrinks at once and comes back when
+        two readings agree. Our requests' bytes are learned where they can be told apart from the
+        others': in-flight that varies (`_fit_recent`), a reading with nothing in flight, and drift
+        within the spread."""
+        assert self._per_request is not None and self._baseline is not None
         moved_baseline = used - self._per_request * in_flight
-        room_bytes = self.target_utilisation * total_bytes
-        # Where no baseline explains it (it would be below zero), the requests are smaller than
-        # believed, or some have not allocated yet: relief either way, taken slowly by `_add_share`.
-        impossible_baseline = moved_baseline < 0
-        if share > 0 and (
-            impossible_baseline
-            or (room_bytes - self._baseline) / share <= (room_bytes - moved_baseline) / self._per_request
-        ):
-            self._add_share(share, in_flight, elapsed_s)
+        noise_bytes = 2 * math.sqrt(self._spread_sq * in_flight)  # how far n requests stray in all
+        if moved_baseline > self._baseline + noise_bytes:
+            self._pending_relief = None
+            self._baseline = moved_baseline
+            self._forget_proof()
+        elif moved_baseline < 0:
+            # No baseline explains it: the requests are smaller than believed (or not allocated yet).
+            self._pending_relief = None
+            self._add_share((used - self._baseline) / in_flight, in_flight, elapsed_s)
+        elif moved_baseline < self._baseline - noise_bytes:
+            self._relieve(moved_baseline)
         else:
-            self._baseline = min(used, self._smooth(self._baseline, moved_baseline, elapsed_s, fast=False))
+            self._pending_relief = None
+            self._add_share((used - self._baseline) / in_flight, in_flight, elapsed_s)
+
+    def _room_in_requests(self, baseline: float, per_request: float) -> float:
+        return (self.target_utilisation * self._total_bytes - baseline) / per_request
+
+    def _forget_proof(self) -> None:
+        """The card changed for the worse: a level that fitted before proves nothing now."""
+        self._since_shrink = 1
+
+    def _relieve(self, baseline: float) -> None:
+        """The others hold less than believed: taken when two readings in a row agree, at the more
+        cautious of the two."""
+        pending, self._pending_relief = self._pending_relief, baseline
+        if pending is None:
+            return
+        self._pending_relief = None
+        self._baseline = max(pending, baseline)
 
     def _add_share(self, share: float, in_flight: int, elapsed_s: float) -> None:
         """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""
@@ -172,6 +208,13 @@ class MemoryModel:
             return None
         return MemoryEstimate(self._baseline, self._per_request, self._total_bytes, math.sqrt(self._spread_sq))
 
+    def room(self) -> float | None:
+        """How many requests of the mean size the card has room for under target, as a fraction."""
+        est = self.estimate()
+        if est is None:
+            return None
+        return (self.target_utilisation * est.total_bytes - est.baseline_bytes) / est.per_request_bytes
+
     def cap(self) -> int | None:
         """How many requests fit under `target_utilisation` of the card, or None if not known yet."""
         est = self.estimate()
@@ -186,11 +229,12 @@ class MemoryModel:
         return max(n, self._proven_level())
 
     def _proven_level(self) -> int:
-        if 2 * len(self._recent) < (self._recent.maxlen or 0):
-            return 0  # too few samples to call anything proven
+        recent = list(self._recent)[-self._since_shrink :]
+        if 2 * len(recent) < (self._recent.maxlen or 0):
+            return 0  # too few samples (since the card last changed for the worse) to call anything proven
         limit_bytes = self.target_utilisation * self._total_bytes
         peak_by_level: dict[int, float] = {}
-        for in_flight, used in self._recent:
+        for in_flight, used in recent:
             peak_by_level[in_flight] = max(used, peak_by_level.get(in_flight, 0.0))
         # Every level up to the proven one must be under target too: memory grows with the level.
         proven = 0

@@ -30,6 +30,8 @@ from .testing import Allocation, SimulatedGPU
 
 __all__ = ["Phase", "SimulationResult", "simulate"]
 
+NEIGHBOUR_PERIOD_S = 0.01  # how often a greedy neighbour looks for free memory
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -40,6 +42,8 @@ class Phase:
     request_bytes: int | Callable[[random.Random], int]  # a size, or a draw per request (mixed sizes)
     work_s: float
     neighbour_bytes: int = 0
+    # > 0: a greedy neighbour, which takes this much more every 10 ms while it is free, up to `neighbour_bytes`
+    neighbour_step_bytes: int = 0
 
 
 @dataclass
@@ -170,6 +174,7 @@ class _Run:
             "phase": self.on_phase,
             "deadline": self.on_deadline,
             "completion": self.on_completion,
+            "neighbour": self.on_neighbour,
         }
         while self.events:
             at_s, _, kind, payload = heapq.heappop(self.events)
@@ -206,7 +211,18 @@ class _Run:
 
     def on_phase(self, payload: object) -> None:
         assert isinstance(payload, Phase)
-        self.gpu.set_neighbour(payload.neighbour_bytes)
+        if payload.neighbour_step_bytes:
+            self.on_neighbour(payload)
+        else:
+            self.gpu.set_neighbour(payload.neighbour_bytes)
+        self.core.tick(self.now_s)  # the card changed: a controller that knows the future acts now
+
+    def on_neighbour(self, payload: object) -> None:
+        assert isinstance(payload, Phase)
+        if self.phase() is not payload:
+            return  # the greedy neighbour's phase is over
+        self.gpu.grow_neighbour(payload.neighbour_step_bytes, payload.neighbour_bytes)
+        self.schedule(self.now_s + NEIGHBOUR_PERIOD_S, "neighbour", payload)
 
     def on_arrival(self, _: object) -> None:
         phase = self.phase()

@@ -142,6 +142,24 @@ class SimulatedGPU:
             self._neighbour_bytes = nbytes
             self._peak_bytes = max(self._peak_bytes, self._used_bytes + nbytes)
 
+    def grow_neighbour(self, step_bytes: int, up_to_bytes: int) -> bool:
+        """A greedy neighbour (another process's caching allocator) takes `step_bytes` more while that
+        much is free, up to `up_to_bytes` in all; True when it grew."""
+        if step_bytes <= 0:
+            raise ValueError(f"step_bytes must be > 0, got {step_bytes}")
+        with self._lock:
+            free_bytes = self.total_bytes - self._used_bytes - self._neighbour_bytes
+            if free_bytes < step_bytes or self._neighbour_bytes + step_bytes > up_to_bytes:
+                return False
+            self._neighbour_bytes += step_bytes
+            self._peak_bytes = max(self._peak_bytes, self._used_bytes + self._neighbour_bytes)
+            return True
+
+    @property
+    def neighbour_bytes(self) -> int:
+        with self._lock:
+            return self._neighbour_bytes
+
     def _take(self, nbytes: int) -> None:
         with self._lock:
             usable = self.total_bytes

@@ -23,10 +23,12 @@ import anyio
 
 from .harness import DEADLINE_S, RunResult, run
 from .report import plot_document
-from .scenarios import FULL_PLAN, FULL_STATIC, LOADS, QUICK_PLAN, QUICK_STATIC, SCENARIOS
+from .scenarios import CHANGING, FULL_PLAN, FULL_STATIC, LOADS, QUICK_PLAN, QUICK_STATIC, SCENARIOS
 
 RESULTS = Path(__file__).parent / "results"
-CHANGING = {"neighbour", "growth"}
+# adaptive / oracle, at least (issue 11): the oracle knows the future, so these are the ceilings' shares
+ORACLE_SHARE = {"classic": 0.95, "mixed": 0.75, "classic-crash": 0.9}
+DEFAULT_ORACLE_SHARE = 0.90
 
 
 def main() -> None:
@@ -41,7 +43,7 @@ def main() -> None:
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     statics = QUICK_STATIC if args.quick else FULL_STATIC
     duration_s = args.duration or (8.0 if args.quick else 12.0)
-    policies = ["none", *(f"static-{n}" for n in statics), "adaptive"]
+    policies = ["none", *(f"static-{n}" for n in statics), "oracle", "adaptive"]
     command = "python -m benchmarks" + (" --quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
     verdicts: list[str] = []
@@ -92,25 +94,25 @@ def best_static(by_policy: dict[str, RunResult]) -> tuple[str, float]:
 def check_targets(name: str, load: str, by_policy: dict[str, RunResult]) -> list[str]:
     adaptive = by_policy["adaptive"].summary()
     goodput = adaptive["goodput_per_s"]
-    oracle, oracle_goodput = best_static(by_policy)
     lines = []
+    oracle_goodput = by_policy["oracle"].summary()["goodput_per_s"]
+    share = ORACLE_SHARE.get(name, DEFAULT_ORACLE_SHARE)
     ratio = goodput / oracle_goodput if oracle_goodput else float("inf")
-    lines.append(verdict(ratio >= 0.95, f"{name} {load}: adaptive {goodput} /s vs best static ({oracle}) "
-                         f"{oracle_goodput} /s = {ratio:.2f}x (target >= 0.95)"))  # fmt: skip
-    if name in CHANGING:
-        beaten = [
-            p for p, r in by_policy.items() if p.startswith("static-") and r.summary()["goodput_per_s"] >= goodput
-        ]
-        lines.append(
-            verdict(not beaten, f"{name} {load}: adaptive above every static-N (not above: {beaten or 'none'})")
-        )
+    lines.append(verdict(ratio >= share, f"{name} {load}: adaptive {goodput} /s vs oracle {oracle_goodput} /s "
+                         f"= {ratio:.2f}x (target >= {share})"))  # fmt: skip
+    static, static_goodput = best_static(by_policy)
+    ratio = goodput / static_goodput if static_goodput else float("inf")
+    wanted = 1.2 if name == "classic-crash" else 1.05 if name in CHANGING else None
+    if wanted is not None:
+        lines.append(verdict(ratio >= wanted, f"{name} {load}: adaptive vs best static ({static}) {static_goodput} /s "
+                             f"= {ratio:.2f}x (target >= {wanted})"))  # fmt: skip
     if load == "4x":
         none = by_policy["none"].summary()["goodput_per_s"]
         ratio = goodput / none if none else float("inf")
         lines.append(verdict(ratio >= 2, f"{name} {load}: adaptive vs none = {ratio:.2f}x (target >= 2)"))
-    if name == "classic":
-        after = adaptive["ooms_after_settle"]
-        lines.append(verdict(after == 0, f"{name} {load}: OOMs after the limit settled: {after} (target 0)"))
+    changes = len(SCENARIOS[name].phases)
+    lines.append(verdict(adaptive["ooms"] <= changes, f"{name} {load}: adaptive OOMs {adaptive['ooms']} "
+                         f"(target <= {changes}, one per change of the card)"))  # fmt: skip
     p99 = adaptive["p99_ms"]
     within = p99 is not None and p99 <= DEADLINE_S * 1000
     lines.append(verdict(within, f"{name} {load}: p99 of successes {p99} ms (deadline {DEADLINE_S * 1000:.0f} ms)"))

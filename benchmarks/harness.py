@@ -5,7 +5,10 @@ it computes (processor sharing past the card's knee). Only what stands in front 
 
 * `none`: nothing; an OOM is a 500.
 * `static-N`: `asyncio.Semaphore(N)` and a thread pool of N, the recipe users copy today.
-* `adaptive`: `AdaptiveGate` with its defaults, told nothing about the card.
+* `oracle`: a semaphore resized at the very moment the card changes to exactly what fits then
+  (where sizes are drawn, the best static-N stands in). It knows the future: the ceiling.
+* `adaptive`: `AdaptiveGate` with its defaults, told nothing about the card (in the mixed-cost
+  scenario, told what each request weighs through its `cost` hook).
 
 Clients send their deadline in `x-envoy-expected-rq-timeout-ms` and give up when it passes;
 goodput counts the successes that came back within it. An OOM strikes 30% into a request's work
@@ -17,11 +20,13 @@ arriving meanwhile fail.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +35,7 @@ import anyio.to_thread
 import httpx
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,12 +48,24 @@ GiB = 2**30
 
 
 @dataclass(frozen=True)
+class Size:
+    """Every request takes `nbytes`: the oracle can tell how many fit."""
+
+    nbytes: int
+
+    def __call__(self, _: random.Random) -> int:
+        return self.nbytes
+
+
+@dataclass(frozen=True)
 class Phase:
     """From `at_fraction` of the run on: request sizes and the neighbour's bytes."""
 
     at_fraction: float
     request_bytes: Callable[[random.Random], int]
     neighbour_bytes: int = 0
+    # > 0: a greedy neighbour that takes this much more whenever it is free, up to `neighbour_bytes`
+    neighbour_step_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,8 @@ class Scenario:
     knee: float = 6.0
     capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
     crash_on_oom: bool = False
+    cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
+    lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)
 
 
 @dataclass
@@ -173,6 +193,7 @@ class World:
         self.crashes = 0
         self.running = 0
         self.oom_times_s: list[float] = []
+        self.oracle: OracleMiddleware | None = None
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -180,15 +201,21 @@ class World:
         self.gate: AdaptiveGate | None = None
         self.semaphore: SemaphoreMiddleware | None = None
         if self.policy == "adaptive":
-            app.add_middleware(AdaptiveGate, probe=self.gpu)
+            cost = self.scenario.cost
+            if cost is None:
+                app.add_middleware(AdaptiveGate, probe=self.gpu)
+            else:
+                app.add_middleware(AdaptiveGate, probe=self.gpu, cost=lambda scope: float(_header(scope, b"x-cost")))
+        elif self.policy == "oracle":
+            app.add_middleware(OracleMiddleware, world=self)
         elif self.policy.startswith("static-"):
             app.add_middleware(SemaphoreMiddleware, limit=int(self.policy.split("-")[1]), paths={"/infer"})
         app.add_middleware(CrashSimulator, world=self)
         world = self
 
         @app.post("/infer", tags=["gpu"])
-        def infer() -> dict[str, bool]:
-            nbytes = world.phase.request_bytes(world.random)
+        def infer(request: Request) -> dict[str, bool]:
+            nbytes = int(request.headers["x-request-bytes"])
             world.running += 1
             try:
                 try:
@@ -216,12 +243,25 @@ class World:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s
 
+    def request_headers(self) -> dict[str, str]:
+        """What a client sends: its deadline, its size (which the app allocates) and what it weighs."""
+        nbytes = self.phase.request_bytes(self.random)
+        headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000)), "x-request-bytes": str(nbytes)}
+        if self.scenario.cost is not None:
+            headers["x-cost"] = str(self.scenario.cost(nbytes))
+        return headers
+
     def advance_phase(self) -> None:
         fraction = self.elapsed_s() / self.duration_s
         phase = [p for p in self.scenario.phases if p.at_fraction <= fraction][-1]
         if phase is not self.phase:
             self.phase = phase
-        self.gpu.set_neighbour(phase.neighbour_bytes)
+            if self.oracle is not None:
+                self.oracle.resize(phase)
+        if phase.neighbour_step_bytes:
+            self.gpu.grow_neighbour(phase.neighbour_step_bytes, phase.neighbour_bytes)
+        else:
+            self.gpu.set_neighbour(phase.neighbour_bytes)
 
     def observe(self) -> tuple[float, float, int, int, int]:
         if self.gate is None:
@@ -230,6 +270,8 @@ class World:
         if self.gate is not None:
             limit: float = self.gate.core.limiter.limit
             queued = self.gate.core.limiter.queued
+        elif self.oracle is not None:
+            limit, queued = self.oracle.limit, len(self.oracle.line)
         elif self.semaphore is not None:
             limit, queued = self.semaphore.limit, self.semaphore.waiting
         else:
@@ -237,9 +279,82 @@ class World:
         return (round(self.elapsed_s(), 2), limit, self.running, queued, self.gpu.used_bytes)
 
 
+class OracleMiddleware:
+    """A byte budget that knows the future: each request's size, and the room the card has in each
+    phase, set the very moment the card changes. First come, first served. With one size for all it
+    is a semaphore of exactly what fits; with drawn sizes it admits the next one as soon as it fits."""
+
+    def __init__(self, app: ASGIApp, *, world: World) -> None:
+        self.app = app
+        self.world = world
+        world.oracle = self
+        self.room_bytes = self._room_bytes(world.scenario.phases[0])
+        self.committed_bytes = 0
+        self.in_flight = 0
+        self.line: deque[tuple[int, anyio.Event]] = deque()
+
+    def _room_bytes(self, phase: Phase) -> int:
+        return self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
+
+    @property
+    def limit(self) -> float:
+        size = self.world.phase.request_bytes
+        return self.room_bytes // size.nbytes if isinstance(size, Size) else math.nan
+
+    def resize(self, phase: Phase) -> None:
+        self.room_bytes = self._room_bytes(phase)
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self.line and (self.in_flight == 0 or self.committed_bytes + self.line[0][0] <= self.room_bytes):
+            nbytes, event = self.line.popleft()
+            self.committed_bytes += nbytes
+            self.in_flight += 1
+            event.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/infer":
+            await self.app(scope, receive, send)
+            return
+        nbytes = int(_header(scope, b"x-request-bytes"))
+        entry = (nbytes, anyio.Event())
+        self.line.append(entry)
+        self._hand_over()
+        try:
+            await entry[1].wait()
+        except BaseException:
+            if entry in self.line:
+                self.line.remove(entry)
+                raise
+            self._release(nbytes)
+            raise
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._release(nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        self.committed_bytes -= nbytes
+        self.in_flight -= 1
+        self._hand_over()
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    return next(value.decode() for key, value in scope["headers"] if key == name)
+
+
 RESTART_S = 2.0
 OOM_AFTER_FRACTION = 0.3
 DEADLINE_S = 5.0
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI, lifespan: bool) -> AsyncIterator[ASGIApp]:
+    if not lifespan:
+        yield app
+        return
+    async with LifespanManager(app) as manager:
+        yield manager.app
 
 
 def _find(app: FastAPI, kind: type) -> Any:
@@ -263,12 +378,11 @@ async def run(
     if policy.startswith("static-"):
         limiter.total_tokens = int(policy.split("-")[1])  # the recipe's pool of N workers
     arrivals = random.Random(seed + 1)
-    headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000))}
     try:
         async with (
-            LifespanManager(world.app) as manager,  # as uvicorn does: the gate's sampler starts here
+            _lifespan(world.app, scenario.lifespan) as app,  # as uvicorn does: the gate's sampler starts here
             httpx.AsyncClient(
-                transport=httpx.ASGITransport(manager.app, raise_app_exceptions=False),
+                transport=httpx.ASGITransport(app, raise_app_exceptions=False),
                 base_url="http://bench",
                 timeout=DEADLINE_S,
             ) as client,
@@ -284,7 +398,7 @@ async def run(
                 response = None
                 with anyio.move_on_after(DEADLINE_S):  # the client's deadline, all included
                     try:
-                        response = await client.post("/infer", headers=headers)
+                        response = await client.post("/infer", headers=world.request_headers())
                     except httpx.TimeoutException:
                         pass
                 if response is None:
@@ -306,10 +420,13 @@ async def run(
                     result.server_errors += 1
 
             async def observer() -> None:
+                ticks = 0
                 while time.monotonic() < stop_at + DEADLINE_S:
-                    world.advance_phase()
-                    result.series.append(world.observe())
-                    await anyio.sleep(0.1)
+                    world.advance_phase()  # every 10 ms: a greedy neighbour grabs memory that soon
+                    if ticks % 10 == 0:
+                        result.series.append(world.observe())
+                    ticks += 1
+                    await anyio.sleep(0.01)
 
             async def closed_loop_client() -> None:
                 while time.monotonic() < stop_at:

@@ -1,49 +1,78 @@
-"""The scenarios and loads the policies are compared on."""
+"""The scenarios and loads the policies are compared on, and what an oracle would set in each."""
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
 
-from .harness import GiB, Phase, Scenario
-
-
-def fixed(nbytes: int) -> Callable[[random.Random], int]:
-    return lambda _: nbytes
+from .harness import GiB, Phase, Scenario, Size
 
 
 def small_and_large(rng: random.Random) -> int:
     return 6 * GiB if rng.random() < 0.25 else int(1.5 * GiB)
 
 
+def cost_in_small_requests(nbytes: int) -> float:
+    """What a client of the mixed-cost scenario says its request weighs (pixels, say): 1 or 4."""
+    return nbytes / (1.5 * GiB)
+
+
+def oracle_limits(scenario: Scenario) -> list[tuple[float, int]] | None:
+    """(from fraction, limit) for a semaphore resized the moment the card changes to exactly what fits
+    then; None where sizes are drawn (the oracle is then the best static-N, which knows the mix)."""
+    limits = []
+    for phase in scenario.phases:
+        if not isinstance(phase.request_bytes, Size):
+            return None
+        room_bytes = scenario.total_bytes - scenario.weights_bytes - phase.neighbour_bytes
+        limits.append((phase.at_fraction, max(1, math.floor(room_bytes / phase.request_bytes.nbytes))))
+    return limits
+
+
+THREE_GIB = Size(3 * GiB)
 SCENARIOS: dict[str, Scenario] = {
     scenario.name: scenario
     for scenario in [
-        Scenario(
-            "classic",
-            "24 GiB card, 8 GiB of weights, 3 GiB per request: five fit",
-            [Phase(0.0, fixed(3 * GiB))],
-        ),
+        Scenario("classic", "24 GiB card, 8 GiB of weights, 3 GiB per request: five fit", [Phase(0.0, THREE_GIB)]),
         Scenario(
             "neighbour",
             "classic; a neighbour process takes 6 GiB for the middle third (three fit), then leaves",
-            [Phase(0.0, fixed(3 * GiB)), Phase(1 / 3, fixed(3 * GiB), 6 * GiB), Phase(2 / 3, fixed(3 * GiB))],
+            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB), Phase(2 / 3, THREE_GIB)],
+        ),
+        Scenario(
+            "neighbour-greedy",
+            "classic; for the middle third a neighbour grows in 512 MiB steps whenever that much is free, "
+            "as a second PyTorch process's caching allocator does, up to 6 GiB (three fit), then leaves",
+            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB, GiB // 2), Phase(2 / 3, THREE_GIB)],
         ),
         Scenario(
             "growth",
             "classic, then inputs that need 6 GiB from half-way on (two fit)",
-            [Phase(0.0, fixed(3 * GiB)), Phase(0.5, fixed(6 * GiB))],
+            [Phase(0.0, THREE_GIB), Phase(0.5, Size(6 * GiB))],
         ),
         Scenario(
             "mixed",
-            "a quarter large requests (6 GiB), the rest small (1.5 GiB)",
+            "a quarter large requests (6 GiB), the rest small (1.5 GiB); the gate cannot tell them apart",
             [Phase(0.0, small_and_large)],
+        ),
+        Scenario(
+            "mixed-cost",
+            "mixed, where each request says what it weighs (the gate's `cost` hook: 4 for a large one, 1 for "
+            "a small one)",
+            [Phase(0.0, small_and_large)],
+            cost=cost_in_small_requests,
         ),
         Scenario(
             "classic-crash",
             "classic, where an OOM kills the worker for 2 s (as an unrecoverable CUDA error does)",
-            [Phase(0.0, fixed(3 * GiB))],
+            [Phase(0.0, THREE_GIB)],
             crash_on_oom=True,
+        ),
+        Scenario(
+            "no-lifespan",
+            "classic, served without a lifespan (TestClient without `with`, uvicorn --lifespan off)",
+            [Phase(0.0, THREE_GIB)],
+            lifespan=False,
         ),
     ]
 }
@@ -55,21 +84,30 @@ LOADS: dict[str, tuple[float | None, int | None]] = {
     "2x": (2.0, None),
     "4x": (4.0, None),
     "closed-16": (None, 16),
+    "closed-32": (None, 32),
 }
 
 FULL_PLAN: dict[str, list[str]] = {
     "classic": ["0.5x", "1x", "2x", "4x", "closed-16"],
     "neighbour": ["2x"],
+    "neighbour-greedy": ["2x"],
     "growth": ["2x"],
     "mixed": ["2x"],
+    "mixed-cost": ["2x"],
     "classic-crash": ["2x"],
+    "no-lifespan": ["closed-32"],
 }
 QUICK_PLAN: dict[str, list[str]] = {
     "classic": ["1x", "4x"],
     "neighbour": ["2x"],
+    "neighbour-greedy": ["2x"],
     "growth": ["2x"],
     "mixed": ["2x"],
+    "mixed-cost": ["2x"],
     "classic-crash": ["2x"],
+    "no-lifespan": ["closed-32"],
 }
 FULL_STATIC = [1, 2, 3, 4, 5, 6]
 QUICK_STATIC = [3, 4, 5]
+# Where the card changes under the service: adaptive must beat every static-N there.
+CHANGING = {"neighbour", "neighbour-greedy", "growth"}

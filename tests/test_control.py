@@ -114,6 +114,7 @@ def test_high_watermark_cuts_gently_and_stops_growth() -> None:
     successes(c, 100, now_s=0.6)
     assert c.limit == 9  # no growth above the watermark
     c.on_sample(now_s=0.7, sample=MemorySample(int(0.5 * TOTAL), TOTAL), in_flight=9)
+    c.on_sample(now_s=0.75, sample=MemorySample(int(0.5 * TOTAL), TOTAL), in_flight=9)  # relief, read twice
     successes(c, 100, now_s=0.8)
     assert c.limit > 9
 

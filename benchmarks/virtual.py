@@ -1,0 +1,152 @@
+"""`python -m benchmarks.virtual`: the scenarios on virtual time, through the gate's own core.
+
+The same scenarios as `python -m benchmarks`, replayed by `adaptive_gate.simulation` (the core the
+middleware drives, a simulated card, Poisson arrivals) instead of real clients and threads: minutes
+of traffic in a second, the same seed giving the same run. So it can run long phases and many
+policies, and its ranks are exact rather than noisy. Policies: static-N (`Fixed(N)`), the oracle
+(a limit set to what fits the very moment the card changes), and adaptive (the default `AIMD`).
+Where sizes are drawn, the oracle is the best static-N (it knows the mix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from adaptive_gate.control import AIMD, Controller, Fixed
+from adaptive_gate.memory import MemorySample
+from adaptive_gate.simulation import Phase, SimulationResult, simulate
+
+from .harness import Scenario
+from .scenarios import LOADS, SCENARIOS, oracle_limits
+
+STATICS = [1, 2, 3, 4, 5, 6]
+DEADLINE_S = 5.0
+
+
+class Oracle:
+    """A controller that knows the future: `limits` as (from second, limit), applied on the tick the
+    simulator gives when the card changes."""
+
+    def __init__(self, limits: list[tuple[float, int]]) -> None:
+        self.limits = limits
+        self._fixed = Fixed(limits[0][1])
+
+    limit = property(lambda self: self._fixed.limit)
+    epoch = property(lambda self: 0)
+    reason = property(lambda self: "oracle")
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        self._fixed.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
+
+    def on_tick(self, *, now_s: float) -> None:
+        self._fixed._limit = [limit for at_s, limit in self.limits if at_s <= now_s + 1e-9][-1]
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        pass
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
+        pass
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"controller": "oracle"}
+
+
+@dataclass
+class Row:
+    policy: str
+    goodput_per_s: float
+    ooms: int
+    timed_out: int
+    p99_s: float | None
+
+
+def phases_of(scenario: Scenario, rate_per_s: float, duration_s: float) -> list[Phase]:
+    return [
+        Phase(
+            p.at_fraction * duration_s,
+            rate_per_s,
+            p.request_bytes,
+            scenario.work_s,
+            p.neighbour_bytes,
+            p.neighbour_step_bytes,
+        )  # fmt: skip
+        for p in scenario.phases
+    ]
+
+
+def one_run(
+    scenario: Scenario, controller: Controller, rate_per_s: float, duration_s: float, seed: int
+) -> SimulationResult:
+    return simulate(
+        phases_of(scenario, rate_per_s, duration_s),
+        total_bytes=scenario.total_bytes,
+        baseline_bytes=scenario.weights_bytes,
+        duration_s=duration_s,
+        controller=controller,
+        queue_timeout_s=DEADLINE_S,
+        knee=scenario.knee,
+        seed=seed,
+    )
+
+
+def row(policy: str, result: SimulationResult) -> Row:
+    in_time = sorted(latency_s for latency_s in result.latencies_s if latency_s <= DEADLINE_S)
+    p99 = in_time[min(len(in_time) - 1, math.ceil(0.99 * len(in_time)) - 1)] if in_time else None
+    return Row(policy, round(len(in_time) / result.duration_s, 2), result.ooms, result.timed_out, p99)
+
+
+def compare(name: str, load: str, duration_s: float, seed: int = 1) -> list[Row]:
+    scenario = SCENARIOS[name]
+    multiple, clients = LOADS[load]
+    if multiple is None:
+        raise ValueError(f"virtual time runs open loops only, not {load}")
+    rate_per_s = multiple * scenario.capacity_per_s
+    rows = [row(f"static-{n}", one_run(scenario, Fixed(n), rate_per_s, duration_s, seed)) for n in STATICS]
+    limits = oracle_limits(scenario)
+    if limits is None:
+        best = max(rows, key=lambda r: r.goodput_per_s)
+        rows.append(Row("oracle", best.goodput_per_s, best.ooms, best.timed_out, best.p99_s))
+    else:
+        schedule = [(at * duration_s, limit) for at, limit in limits]
+        rows.append(row("oracle", one_run(scenario, Oracle(schedule), rate_per_s, duration_s, seed)))
+    rows.append(row("adaptive", one_run(scenario, AIMD(), rate_per_s, duration_s, seed)))
+    return rows
+
+
+PLAN = {
+    "classic": ["0.5x", "1x", "2x", "4x"],
+    "neighbour": ["2x"],
+    "neighbour-greedy": ["2x"],
+    "growth": ["2x"],
+    "mixed": ["2x"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.virtual", description=__doc__)
+    parser.add_argument("--duration", type=float, default=120.0, help="virtual seconds per run (default 120)")
+    parser.add_argument("--only", action="append", choices=sorted(PLAN), help="run only these scenarios")
+    args = parser.parse_args()
+    for name, loads in PLAN.items():
+        if args.only and name not in args.only:
+            continue
+        for load in loads:
+            rows = compare(name, load, args.duration)
+            by_policy = {r.policy: r for r in rows}
+            oracle, adaptive = by_policy["oracle"], by_policy["adaptive"]
+            best = max((r for r in rows if r.policy.startswith("static-")), key=lambda r: r.goodput_per_s)
+            print(
+                f"{name:16} {load:5} adaptive {adaptive.goodput_per_s:6.2f}/s ooms {adaptive.ooms:3}  "
+                f"oracle {oracle.goodput_per_s:6.2f} ({adaptive.goodput_per_s / oracle.goodput_per_s:.2f}x)  "
+                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)"
+            )
+
+
+if __name__ == "__main__":
+    main()
