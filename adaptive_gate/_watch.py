@@ -34,7 +34,14 @@ class History:
         self._points: deque[list[float | None]] = deque(maxlen=seconds)
 
     def record(
-        self, unix_s: float, *, limit: int, in_flight: int, queued: int, used_bytes: int | None, total_bytes: int | None
+        self,
+        unix_s: float,
+        *,
+        limit: int,
+        in_flight: float,
+        queued: int,
+        used_bytes: int | None,
+        total_bytes: int | None,
     ) -> None:
         second = float(math.floor(unix_s))
         last = self._points[-1] if self._points else None

@@ -49,9 +49,9 @@ class Controller(Protocol):
 
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None: ...
 
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None: ...
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None: ...
 
-    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None: ...
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -102,10 +102,10 @@ class Fixed(_Bounds):
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         pass
 
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
         pass
 
-    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         pass
 
     def describe(self) -> dict[str, Any]:
@@ -235,17 +235,18 @@ class AIMD(_Bounds):
         self._aimd_limit = self._grown_to = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
 
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
-        """An out-of-memory error while `in_flight` requests (the failed one included) ran."""
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
+        """An out-of-memory error while `in_flight` requests (the failed one included) ran; in units
+        of cost where the gate has a `cost`."""
         self.ooms_seen += 1
         if epoch is not None and epoch < self._epoch:
             return  # admitted under a limit that was already cut for this congestion event
-        ran_out_at = max(self.min_limit + 1, in_flight)
+        ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
         room = self.memory.room()
         self.oom_hold.record(now_s, ran_out_at, room)
         self._cut(self.oom_backoff if room is None else 1.0, "out of memory", ran_out_at=ran_out_at)
 
-    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
         self.oom_hold.observe(now_s, self.memory.room())
         self._over_watermark = sample.utilisation > self.high_watermark

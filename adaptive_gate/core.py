@@ -29,13 +29,28 @@ from .memory import MemorySample
 from .statistics import GateStatistics, LimitChange, snapshot
 from .status import BucketCounts, Counters, RecentValues
 
-__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket"]
+__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "units_of_cost"]
 
 ADMITTED = "admitted"
 MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
 PROBE_BROKEN_AFTER_ERRORS = 3  # the probe shows as degraded after this many failed readings in a row
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+COST_QUANTUM = 1 / 64  # costs are counted in 64ths: sums of them are exact in binary, so nothing drifts
+MAX_COST = float(1 << 20)
+
+
+def units_of_cost(cost: object) -> float:
+    """What a request weighs in slots, from the `cost` hook's answer: a finite number > 0, rounded
+    to a 64th (at least one 64th)."""
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
+        raise ValueError(
+            f"the gate's cost hook must return a number > 0 and <= {MAX_COST:.0f} (what a request weighs: "
+            f"a batch size, pixels, tokens), got {cost!r}"
+        )
+    return max(COST_QUANTUM, round(cost / COST_QUANTUM) * COST_QUANTUM)
 
 
 class Outcome(Enum):
@@ -49,11 +64,14 @@ class Ticket:
 
     __slots__ = (
         "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
-        "sending_since_s", "abandoned",
+        "sending_since_s", "abandoned", "units",
     )  # fmt: skip
 
-    def __init__(self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool) -> None:
+    def __init__(
+        self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool, units: float = 1
+    ) -> None:
         self.admitted_s = admitted_s
+        self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
         self.busy_area_at_admission = busy_area
         self.epoch = epoch
         # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
@@ -119,33 +137,34 @@ class GateCore:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def arrive(self, timeout_s: float) -> str | Waiter:
-        """A request may run: `ADMITTED` (a slot now), a `Waiter` (a place in the line, whose slot
-        comes with a release or a higher limit), or the reason to turn it away: "queue_full", or
-        "deadline" when the expected wait is already longer than the `timeout_s` it may wait."""
+    def arrive(self, timeout_s: float, units: float = 1) -> str | Waiter:
+        """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
+        place in the line, whose slots come with a release or a higher limit), or the reason to turn
+        it away: "queue_full", or "deadline" when the expected wait is already longer than the
+        `timeout_s` it may wait."""
         limiter = self.limiter
-        if limiter.try_acquire():
+        if limiter.try_acquire(units):
             return ADMITTED
         if limiter.queued >= limiter.max_queue:
             return "queue_full"
         estimate_s = self.expected_wait_s(limiter.queued)
         if estimate_s is not None and estimate_s > timeout_s:
             return "deadline"
-        return limiter.join()
+        return limiter.join(units)
 
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
         self.limiter.leave(waiter)
 
-    def admitted(self, now_s: float, waited_s: float) -> Ticket:
-        """A request holds a slot (from `try_acquire` or a granted waiter) and starts now."""
+    def admitted(self, now_s: float, waited_s: float, units: float = 1) -> Ticket:
+        """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
         counters = self.counters
         counters.admitted += 1
         self.queue_wait_s.add(waited_s)
         self.queue_wait_histogram.observe(waited_s)
         limiter = self.limiter
-        alone = limiter.in_flight == 1
-        return Ticket(now_s, limiter.busy_area(now_s), self.controller.epoch, counters.admitted, alone)
+        alone = limiter.in_flight == units
+        return Ticket(now_s, limiter.busy_area(now_s), self.controller.epoch, counters.admitted, alone, units)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
@@ -155,7 +174,7 @@ class GateCore:
         limiter = self.limiter
         in_flight = limiter.in_flight
         busy_area = limiter.busy_area(now_s)
-        limiter.release()
+        limiter.release(ticket.units)
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -181,7 +200,7 @@ class GateCore:
             not ticket.released  # after its release the slot may be another's
             and ticket.alone_at_admission
             and ticket.serial == self.counters.admitted
-            and limiter.in_flight == 1
+            and limiter.in_flight == ticket.units
         )
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()

@@ -167,7 +167,7 @@ class Diagnostics:
                 "run it in a thread (`anyio.to_thread.run_sync`)",
             )
 
-    def on_sample(self, now_s: float, sample: MemorySample, *, in_flight: int, queued: int) -> None:
+    def on_sample(self, now_s: float, sample: MemorySample, *, in_flight: float, queued: int) -> None:
         if in_flight == 0 and queued == 0:
             self._watch_idle_memory(now_s, sample)
         self._watch_fragmentation(now_s, sample)

@@ -7,6 +7,11 @@ front of the line, so a newcomer can never overtake somebody who waited. Raising
 front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
 is released, and no new one is handed out until `in_flight` is below the new limit.
 
+A request may weigh more than one slot (`units`, the gate's `cost` option): it goes in when its
+units fit under the limit beside what runs, or alone when nothing runs (so one heavier than the
+whole limit is served, alone, rather than starved). The line stays first come, first served: a
+light request behind a heavy one waits for it, so the heavy one cannot be starved either.
+
 Cancellation is where limiters leak: a waiter may be cancelled (a timeout, a client that left)
 after a slot was already handed to it but before it woke up. `leave()` covers that case by passing
 the slot on, so a slot is never lost and never counted twice.
@@ -40,7 +45,7 @@ class QueueTimeout(Exception):
 @dataclass(frozen=True)
 class LimiterStatistics:
     limit: int
-    in_flight: int
+    in_flight: float  # units in flight: requests, where each weighs one
     queued: int
     max_queue: int
 
@@ -48,10 +53,11 @@ class LimiterStatistics:
 class Waiter:
     """One place in the line. `granted` turns true when a slot has been handed over."""
 
-    __slots__ = ("granted", "_event")
+    __slots__ = ("granted", "units", "_event")
 
-    def __init__(self) -> None:
+    def __init__(self, units: float = 1) -> None:
         self.granted = False
+        self.units = units
         self._event: anyio.Event | None = None
 
     def _wake(self) -> None:
@@ -76,7 +82,7 @@ class Limiter:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self._max_queue = max_queue
-        self._in_flight = 0
+        self._in_flight: float = 0
         self._clock = clock
         self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
         self._busy_since_s = clock()
@@ -94,7 +100,7 @@ class Limiter:
         self._hand_over()
 
     @property
-    def in_flight(self) -> int:
+    def in_flight(self) -> float:
         return self._in_flight
 
     @property
@@ -113,7 +119,7 @@ class Limiter:
             now_s = self._clock()
         return self._busy_area + self._in_flight * (now_s - self._busy_since_s)
 
-    def _set_in_flight(self, value: int) -> None:
+    def _set_in_flight(self, value: float) -> None:
         now_s = self._clock()
         self._busy_area += self._in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
@@ -124,23 +130,23 @@ class Limiter:
 
     # -- synchronous bookkeeping --------------------------------------------------------------
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody is waiting for it."""
+    def try_acquire(self, units: float = 1) -> bool:
+        """Take `units` slots if they are free (or nothing runs) and nobody is waiting for them."""
         in_flight = self._in_flight
-        if self._waiters or in_flight >= self._limit:
+        if self._waiters or (in_flight + units > self._limit and in_flight > 0):
             return False
         # _set_in_flight, written out: this is every request's path
         now_s = self._clock()
         self._busy_area += in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
-        self._in_flight = in_flight + 1
+        self._in_flight = in_flight + units
         return True
 
-    def join(self) -> Waiter:
+    def join(self, units: float = 1) -> Waiter:
         """Join the back of the line; the slot is handed over later by `release` or a higher limit."""
         if len(self._waiters) >= self._max_queue:
             raise QueueFull
-        waiter = Waiter()
+        waiter = Waiter(units)
         self._waiters[waiter] = None
         self._hand_over()
         return waiter
@@ -148,20 +154,24 @@ class Limiter:
     def leave(self, waiter: Waiter) -> None:
         """Give up a place in the line, or the slot if it was handed over meanwhile."""
         if waiter.granted:
-            self.release()
-        else:
-            self._waiters.pop(waiter, None)
+            self.release(waiter.units)
+        elif self._waiters.pop(waiter, False) is None:
+            self._hand_over()  # a heavy one that left may have held up lighter ones behind it
 
-    def release(self) -> None:
-        if self._in_flight <= 0:
-            raise RuntimeError("release() called more times than slots were acquired")
-        self._set_in_flight(self._in_flight - 1)
+    def release(self, units: float = 1) -> None:
+        if self._in_flight < units:
+            raise RuntimeError("release() called for more slots than were acquired")
+        self._set_in_flight(self._in_flight - units)
         self._hand_over()
 
     def _hand_over(self) -> None:
-        while self._waiters and self._in_flight < self._limit:
-            waiter, _ = self._waiters.popitem(last=False)
-            self._set_in_flight(self._in_flight + 1)
+        waiters = self._waiters
+        while waiters:
+            waiter = next(iter(waiters))
+            if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
+                return
+            del waiters[waiter]
+            self._set_in_flight(self._in_flight + waiter.units)
             waiter._wake()
 
     # -- async layer ----------------------------------------------------------------------------

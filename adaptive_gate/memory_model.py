@@ -74,7 +74,7 @@ class MemoryModel:
             raise ValueError(f"window must be >= 4 samples, got {window}")
         self._halflife_s = halflife_s
         self._min_request_fraction = min_request_fraction
-        self._recent: deque[tuple[int, float]] = deque(maxlen=window)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)
         self._last_s: float | None = None
         self._baseline: float | None = None
         self._per_request: float | None = None
@@ -92,7 +92,7 @@ class MemoryModel:
         known = self._per_request is not None and self._baseline is not None  # estimate() without building one
         return self.samples > 0 and not known and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
 
-    def add(self, now_s: float, in_flight: int, used_bytes: int, total_bytes: int) -> None:
+    def add(self, now_s: float, in_flight: float, used_bytes: int, total_bytes: int) -> None:
         elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
         self._last_s = now_s
         self._total_bytes = total_bytes
@@ -118,7 +118,7 @@ class MemoryModel:
             return
         self._read_busy(used, in_flight, elapsed_s)
 
-    def _read_busy(self, used: float, in_flight: int, elapsed_s: float) -> None:
+    def _read_busy(self, used: float, in_flight: float, elapsed_s: float) -> None:
         """One reading with requests in flight. A change beyond the requests' usual spread is the
         others' (a neighbour, a leak, inputs that grew): the room shrinks at once and comes back when
         two readings agree. Our requests' bytes are learned where they can be told apart from the
@@ -157,7 +157,7 @@ class MemoryModel:
         self._pending_relief = None
         self._baseline = max(pending, baseline)
 
-    def _add_share(self, share: float, in_flight: int, elapsed_s: float) -> None:
+    def _add_share(self, share: float, in_flight: float, elapsed_s: float) -> None:
         """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""
         assert self._per_request is not None
         deviation = share - self._per_request
@@ -233,7 +233,7 @@ class MemoryModel:
         if 2 * len(recent) < (self._recent.maxlen or 0):
             return 0  # too few samples (since the card last changed for the worse) to call anything proven
         limit_bytes = self.target_utilisation * self._total_bytes
-        peak_by_level: dict[int, float] = {}
+        peak_by_level: dict[float, float] = {}
         for in_flight, used in recent:
             peak_by_level[in_flight] = max(used, peak_by_level.get(in_flight, 0.0))
         # Every level up to the proven one must be under target too: memory grows with the level.
@@ -241,5 +241,5 @@ class MemoryModel:
         for level in sorted(peak_by_level):
             if peak_by_level[level] > limit_bytes:
                 break
-            proven = level
+            proven = math.floor(level)
         return proven

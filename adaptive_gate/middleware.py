@@ -27,7 +27,7 @@ from ._line import wait_in_line
 from ._operations import Operations
 from ._routes import GatedRoute, RouteTable, route_path
 from .control import AIMD, Controller
-from .core import ADMITTED, GateCore, Outcome, Ticket
+from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
 from .diagnostics import Diagnostics
 from .limiter import Waiter
 from .metrics import GateMetrics
@@ -91,6 +91,7 @@ class AdaptiveGate:
         max_buffered_bytes: int = 256 << 20,
         body_timeout: float = 30.0,
         send_timeout: float = 30.0,
+        cost: Callable[[Scope], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         options = dict(locals())
@@ -153,6 +154,8 @@ class AdaptiveGate:
         # of its own would cost. The slow ways (a queue, a rejection) are helpers.
         clock, core = self._clock, self.core
         arrived_s = clock()
+        cost = self.options.cost
+        units = 1 if cost is None else units_of_cost(cost(scope))
         deadline_s, length, has_body = request_head(scope, self.options.queue_timeout)
         body: Body | None = None
         if has_body:
@@ -161,7 +164,7 @@ class AdaptiveGate:
                 return
             receive = body.receive
             deadline_s -= clock() - arrived_s  # the time reading the body took counts
-        admission = core.arrive(deadline_s)
+        admission = core.arrive(deadline_s, units)
         if admission is not ADMITTED:
             replay = await self._wait_or_reject(admission, body, receive, send, deadline_s)
             if replay is None:
@@ -170,7 +173,7 @@ class AdaptiveGate:
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = clock()
-        ticket = core.admitted(now_s, now_s - arrived_s)
+        ticket = core.admitted(now_s, now_s - arrived_s, units)
         watch = self.ops.watch
         watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample

@@ -9,8 +9,11 @@ timeouts and periods, bytes for the body bounds).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from starlette.types import Scope
 
 from ._checks import check_int, check_seconds
 from ._routes import normalise_tag
@@ -56,6 +59,7 @@ class GateOptions:
     max_buffered_bytes: int = 256 << 20
     body_timeout: float = 30.0
     send_timeout: float = 30.0
+    cost: Callable[[Scope], float] | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -81,6 +85,11 @@ class GateOptions:
         put("admin_token", _token(self.admin_token))
         put("unprotected", _unprotected(self.unprotected))
         put("health_paths", _health_paths(self.health_paths))
+        if self.cost is not None and not callable(self.cost):
+            raise TypeError(
+                "cost must be None (every request weighs 1) or a callable (scope) -> float that says what a "
+                f"request weighs, e.g. its batch size read from the query string; got {self.cost!r}"
+            )
 
     @property
     def protected(self) -> frozenset[str]:
@@ -94,8 +103,8 @@ class GateOptions:
             value = getattr(self, option.name)
             if option.name == "admin_token":
                 shown["admin_token_set"] = value is not None
-            elif option.name == "probe":
-                shown["probe"] = value if value is None or isinstance(value, str) else repr(value)
+            elif option.name in ("probe", "cost"):
+                shown[option.name] = value if value is None or isinstance(value, str) else repr(value)
             elif option.name == "tag":
                 shown["tag"] = None if value is None else min(value) if len(value) == 1 else sorted(value)
             elif isinstance(value, frozenset):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .control import AIMD, Controller
-from .core import ADMITTED, GateCore, Outcome, Ticket
+from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
 from .limiter import Waiter
 from .memory import MemorySample
 from .statistics import LimitChange
@@ -44,6 +44,8 @@ class Phase:
     neighbour_bytes: int = 0
     # > 0: a greedy neighbour, which takes this much more every 10 ms while it is free, up to `neighbour_bytes`
     neighbour_step_bytes: int = 0
+    # What a request of so many bytes says it weighs (the gate's `cost`); None: every request weighs 1
+    cost: Callable[[int], float] | None = None
 
 
 @dataclass
@@ -56,12 +58,13 @@ class SimulationResult:
     latencies_s: list[float] = field(default_factory=list)
     oom_times_s: list[float] = field(default_factory=list)
     # With record=True: what the core was told, in order, as (time, event, request id, detail):
-    # ("arrive", id, None), ("start", id, "oom" | "ok"), ("finish", id, None), ("sample", -1, MemorySample)
+    # ("arrive", id, None), ("start", id, "oom" | "ok"), ("oom", id, None) when it runs out,
+    # ("finish", id, None), ("sample", -1, MemorySample)
     events: list[tuple[float, str, int, object]] = field(default_factory=list)
     # (time, old limit, new limit, reason) for every change of the limit
     limit_changes: list[tuple[float, int, int, str]] = field(default_factory=list)
     # (time, limit, in_flight, queued, used_bytes), one row per sample
-    series: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    series: list[tuple[float, int, float, int, int]] = field(default_factory=list)
 
     def limits_between(self, start_s: float, end_s: float) -> list[int]:
         return [limit for t, limit, *_ in self.series if start_s <= t < end_s]
@@ -79,7 +82,9 @@ class _Request:
     arrived_s: float
     nbytes: int
     work_s: float
+    units: float = 1
     remaining_s: float = 0.0
+    doomed: bool = False  # it will run out of memory when its remaining work is done
     ticket: Ticket | None = None
     waiter: Waiter | None = None
     allocation: Allocation | None = None
@@ -101,8 +106,12 @@ def simulate(
     sample_period_s: float = 0.1,
     seed: int = 0,
     record: bool = False,
+    oom_after_fraction: float = 0.0,
 ) -> SimulationResult:
+    """`oom_after_fraction`: how far into its work a request that does not fit runs out of memory
+    (0: at once; the work done until then is lost, and its slot held)."""
     run = _Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
+    run.oom_after_fraction = oom_after_fraction
     run.core = GateCore(
         controller or AIMD(),
         min_limit=min_limit,
@@ -119,6 +128,7 @@ def simulate(
 
 class _Run:
     core: GateCore
+    oom_after_fraction = 0.0
 
     def __init__(
         self,
@@ -231,9 +241,10 @@ class _Run:
             return
         self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
         nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
-        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s)
+        units = 1 if phase.cost is None else units_of_cost(phase.cost(nbytes))
+        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s, units)
         self.told("arrive", request.id)
-        admission = self.core.arrive(self.queue_timeout_s)
+        admission = self.core.arrive(self.queue_timeout_s, units)
         if admission is ADMITTED:
             self.start(request)
         elif isinstance(admission, str):
@@ -246,22 +257,32 @@ class _Run:
             self.start_granted()
 
     def start(self, request: _Request) -> None:
-        ticket = request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s)
+        request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s, request.units)
         try:
             request.allocation = self.gpu.allocate(request.nbytes).__enter__()
         except RuntimeError:
             self.told("start", request.id, "oom")
-            self.result.ooms += 1
-            self.result.rejected += 1
-            self.result.oom_times_s.append(self.now_s)
-            alone = self.core.oom(ticket, self.now_s)
-            self.core.release(ticket, self.now_s, Outcome.OOM)
-            self.core.rejected("too_large" if alone else "oom")
-            self.start_granted()
+            if self.oom_after_fraction <= 0:
+                self.out_of_memory(request)
+                return
+            request.doomed = True  # it computes part of its way before it runs out, as a forward pass does
+            request.remaining_s = self.oom_after_fraction * request.work_s
+            self.running.append(request)
             return
         self.told("start", request.id, "ok")
         request.remaining_s = request.work_s
         self.running.append(request)
+
+    def out_of_memory(self, request: _Request) -> None:
+        assert request.ticket is not None
+        self.told("oom", request.id)
+        self.result.ooms += 1
+        self.result.rejected += 1
+        self.result.oom_times_s.append(self.now_s)
+        alone = self.core.oom(request.ticket, self.now_s)
+        self.core.release(request.ticket, self.now_s, Outcome.OOM)
+        self.core.rejected("too_large" if alone else "oom")
+        self.start_granted()
 
     def on_completion(self, payload: object) -> None:
         assert isinstance(payload, _Request)
@@ -269,6 +290,9 @@ class _Run:
             return  # a stale event: the request finished already, or others slowed it down
         self.next_completion = None
         self.running.remove(payload)
+        if payload.doomed:
+            self.out_of_memory(payload)
+            return
         if payload.allocation is not None:
             payload.allocation.release()
         self.told("finish", payload.id)

@@ -76,7 +76,7 @@ class GateStatistics:
     operator's, where set); `counters` the cumulative counts as a plain dict."""
 
     limit: int
-    in_flight: int
+    in_flight: float
     queued: int
     max_queue: int
     min_limit: int

@@ -57,9 +57,9 @@ async def replay(events: list[tuple[float, str, int, object]], controller: AIMD)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         request = int(scope["path"].rsplit("/", 1)[1])
+        await finished[request].wait()  # "finish", or "oom" where it runs out of memory
         if outcome.get(request) == "oom":  # (those still queued at the end have no outcome)
             raise OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
-        await finished[request].wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -76,7 +76,7 @@ async def replay(events: list[tuple[float, str, int, object]], controller: AIMD)
             clock.now_s = at_s
             if kind == "arrive":
                 tg.start_soon(gate, http_scope(f"/r/{request}"), RawClient().receive, RawClient().send)
-            elif kind == "finish":
+            elif kind in ("finish", "oom"):
                 finished[request].set()
             elif kind == "sample":
                 gate.ops._on_sample(detail)  # type: ignore[arg-type]  # the sampler's own callback
@@ -99,8 +99,10 @@ async def settle() -> None:
     raise AssertionError("the tasks never settled")
 
 
-async def test_the_middleware_replays_the_simulators_limit_trace() -> None:
-    result = scenario(controller=AIMD())
+@pytest.mark.parametrize("oom_after_fraction", [0.0, 0.3])
+async def test_the_middleware_replays_the_simulators_limit_trace(oom_after_fraction: float) -> None:
+    """At once or part-way into the work (its slot held meanwhile), an OOM is told alike."""
+    result = scenario(controller=AIMD(), oom_after_fraction=oom_after_fraction)
     assert result.ooms >= 1 and len(result.limit_changes) >= 4  # growth, OOM cuts and the memory cap
     reasons = {reason for *_, reason in result.limit_changes}
     assert "out of memory" in reasons or "memory cap" in reasons

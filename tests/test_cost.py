@@ -1,0 +1,147 @@
+"""Admission by weight: the `cost` hook says what a request weighs, the limit counts units.
+
+A request goes in when its units fit beside what runs, or alone when nothing runs; the line stays
+first come, first served; units always come back whole, whatever path a request takes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from adaptive_gate import AdaptiveGate, Fixed
+from adaptive_gate.core import units_of_cost
+from adaptive_gate.limiter import Limiter, Waiter
+
+from .conftest import find_gate
+
+pytestmark = pytest.mark.anyio
+
+
+def test_units_are_64ths_and_bad_costs_say_what_is_wrong() -> None:
+    assert units_of_cost(4) == 4.0 and units_of_cost(0.3) == 19 / 64 and units_of_cost(1e-9) == 1 / 64
+    for bad in (0, -1, math.nan, math.inf, "3", None, True, 2.0**40):
+        with pytest.raises(ValueError, match="cost hook must return a number > 0"):
+            units_of_cost(bad)
+
+
+def test_a_heavy_request_waits_for_room_and_a_light_one_behind_it_waits_its_turn() -> None:
+    limiter = Limiter(5, max_queue=8)
+    assert limiter.try_acquire(2) and limiter.try_acquire(2)
+    assert not limiter.try_acquire(2)  # 4 + 2 > 5
+    heavy = limiter.join(4)
+    light = limiter.join(1)
+    assert not heavy.granted and not light.granted  # first come, first served: 1 would fit, but waits
+    limiter.release(2)
+    assert not heavy.granted  # 2 + 4 > 5
+    limiter.release(2)
+    assert heavy.granted and light.granted and limiter.in_flight == 5
+
+
+def test_a_request_heavier_than_the_limit_runs_alone() -> None:
+    limiter = Limiter(3, max_queue=4)
+    assert limiter.try_acquire(1)
+    huge = limiter.join(10)
+    limiter.release(1)
+    assert huge.granted and limiter.in_flight == 10  # alone: never starved by its own weight
+    assert not limiter.try_acquire(1)
+    limiter.release(10)
+    assert limiter.in_flight == 0 and limiter.try_acquire(10)
+
+
+class WeightedLimiterMachine(RuleBasedStateMachine):
+    """Random weights, limits, joins, leaves and releases: no unit lost, none counted twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limiter = Limiter(4, max_queue=6)
+        self.holding: list[float] = []  # units of each holder
+        self.waiting: list[Waiter] = []
+
+    @rule(units=st.sampled_from([1 / 64, 0.5, 1, 1.5, 3, 7]))
+    def arrive(self, units: float) -> None:
+        if self.limiter.try_acquire(units):
+            self.holding.append(units)
+        elif self.limiter.queued < self.limiter.max_queue:
+            self.waiting.append(self.limiter.join(units))
+
+    @precondition(lambda self: self.holding)
+    @rule(index=st.integers(0, 100))
+    def release(self, index: int) -> None:
+        self.limiter.release(self.holding.pop(index % len(self.holding)))
+        self.collect()
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def leave(self, index: int) -> None:
+        self.limiter.leave(self.waiting.pop(index % len(self.waiting)))
+        self.collect()
+
+    @rule(limit=st.integers(1, 8))
+    def resize(self, limit: int) -> None:
+        self.limiter.limit = limit
+        self.collect()
+
+    def collect(self) -> None:
+        for waiter in [w for w in self.waiting if w.granted]:
+            self.waiting.remove(waiter)
+            self.holding.append(waiter.units)
+
+    @invariant()
+    def books_balance(self) -> None:
+        self.collect()
+        assert self.limiter.in_flight == sum(self.holding)
+        assert self.limiter.queued == len(self.waiting)
+        # Over the limit only by a request let in alone, or by holders from before the limit fell.
+        if self.waiting:
+            head = self.waiting[0]
+            assert self.limiter.in_flight > 0 and self.limiter.in_flight + head.units > self.limiter.limit
+
+
+TestWeightedLimiter = WeightedLimiterMachine.TestCase
+
+
+def weighted_app(**gate_options: object) -> tuple[FastAPI, list[float]]:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, **gate_options)  # type: ignore[arg-type]
+    seen: list[float] = []
+
+    @app.post("/infer", tags=["gpu"])
+    async def infer(request: Request) -> dict[str, float]:
+        seen.append(find_gate(app).core.limiter.in_flight)
+        await anyio.sleep(0.01)
+        return {"batch": float(request.query_params["n"])}
+
+    return app, seen
+
+
+async def test_the_gate_counts_what_requests_weigh() -> None:
+    app, seen = weighted_app(controller=Fixed(4), cost=lambda scope: float(scope["query_string"].split(b"=")[1]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        async with anyio.create_task_group() as tg:
+            for n in [3, 1, 2, 4, 1, 1, 3, 2]:
+                tg.start_soon(client.post, f"/infer?n={n}")
+        gate = find_gate(app)
+        assert max(seen) <= 4  # never more units at once than the limit
+        assert gate.core.limiter.in_flight == 0 and gate.core.counters.completed == 8
+        assert gate.status()["options"]["cost"].startswith("<function")
+
+
+async def test_a_cost_hook_that_answers_nonsense_fails_the_request_and_holds_nothing() -> None:
+    app, _ = weighted_app(cost=lambda scope: -1.0)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.post("/infer?n=1")
+        assert response.status_code == 500
+        assert find_gate(app).core.limiter.in_flight == 0
+
+
+def test_a_cost_that_is_not_callable_is_refused_with_a_fix() -> None:
+    with pytest.raises(TypeError, match=r"cost must be None .* or a callable \(scope\) -> float"):
+        AdaptiveGate(FastAPI(), cost=3)  # type: ignore[arg-type]
