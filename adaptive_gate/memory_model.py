@@ -9,6 +9,7 @@ in, so the simulator replays it exactly.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -82,6 +83,8 @@ class MemoryModel:
         # A lower baseline seen in the last reading: believed when the next one agrees.
         self._pending_relief: float | None = None
         self._since_shrink = 0  # readings since the last rise was believed: only these prove a level
+        self._last_moved_baseline: float | None = None
+        self._moves: deque[float] = deque(maxlen=16)  # |move| of the apparent baseline, reading to reading
         self._total_bytes = 0
         self.samples = 0
         self.busy_samples = 0
@@ -96,6 +99,9 @@ class MemoryModel:
         elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
         self._last_s = now_s
         self._total_bytes = total_bytes
+        # A spread that no reading renews fades: one odd event (a neighbour's step taken for a
+        # large request) must not cost a level for good. A real mix renews it all the time.
+        self._spread_sq *= 0.5 ** (elapsed_s / self._halflife_s)
         self.samples += 1
         used = float(used_bytes)
         self.busy_samples += in_flight > 0
@@ -127,10 +133,12 @@ class MemoryModel:
         assert self._per_request is not None and self._baseline is not None
         moved_baseline = used - self._per_request * in_flight
         noise_bytes = 2 * math.sqrt(self._spread_sq * in_flight)  # how far n requests stray in all
+        jumped = self._jumped(moved_baseline)
         if moved_baseline > self._baseline + noise_bytes:
             self._pending_relief = None
             self._baseline = moved_baseline
-            self._forget_proof()
+            if jumped:
+                self._forget_proof()
         elif moved_baseline < 0:
             # No baseline explains it: the requests are smaller than believed (or not allocated yet).
             self._pending_relief = None
@@ -140,6 +148,17 @@ class MemoryModel:
         else:
             self._pending_relief = None
             self._add_share((used - self._baseline) / in_flight, in_flight, elapsed_s)
+
+    def _jumped(self, moved_baseline: float) -> bool:
+        """Whether the apparent baseline moved from the last reading's by more than it usually does
+        (three times the median move): a change of the card (a neighbour came, inputs grew), after
+        which old readings prove nothing. A mix of sizes moves it on every reading: no change."""
+        last, self._last_moved_baseline = self._last_moved_baseline, moved_baseline
+        if last is None:
+            return True
+        move = abs(moved_baseline - last)
+        self._moves.append(move)
+        return move > 3 * statistics.median(self._moves)
 
     def _room_in_requests(self, baseline: float, per_request: float) -> float:
         return (self.target_utilisation * self._total_bytes - baseline) / per_request
@@ -181,23 +200,24 @@ class MemoryModel:
         return current + weight * (seen - current)
 
     def _fit_recent(self) -> bool:
-        n = len(self._recent)
+        recent = list(self._recent)[-self._since_shrink :]  # a line across a change of the card is no line
+        n = len(recent)
         if n < 8:
             return False
-        mean_x = sum(x for x, _ in self._recent) / n
-        mean_y = sum(y for _, y in self._recent) / n
-        var_x = sum((x - mean_x) ** 2 for x, _ in self._recent) / n
-        most_common_share = max(Counter(x for x, _ in self._recent).values()) / n
-        if var_x < 0.25 or most_common_share > 0.75:
+        mean_x = sum(x for x, _ in recent) / n
+        mean_y = sum(y for _, y in recent) / n
+        var_x = sum((x - mean_x) ** 2 for x, _ in recent) / n
+        most_common_share = max(Counter(x for x, _ in recent).values()) / n
+        if var_x < 0.1 or most_common_share > 0.875:
             return False  # in-flight barely varied: a few stray samples must not tilt the line
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._recent) / n / var_x
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in recent) / n / var_x
         if slope < self._min_request_fraction * self._total_bytes:
             return False
         intercept = mean_y - slope * mean_x
-        residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in self._recent) / n
+        residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in recent) / n
         if residual_sq > (0.25 * slope) ** 2:
             return False  # not one line: the window straddles a change (sizes, a neighbour); wait it out
-        lowest_used = min(y for _, y in self._recent)
+        lowest_used = min(y for _, y in recent)
         self._baseline = min(lowest_used, max(0.0, intercept))
         self._per_request = slope
         self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread

@@ -338,3 +338,67 @@ def test_a_stale_huge_request_estimate_is_forgotten_when_readings_say_otherwise(
         c.on_sample(now_s=1.0 + i * 0.2, sample=MemorySample(TOTAL // 100, TOTAL), in_flight=1)
     cap = c.memory.cap()
     assert cap is not None and cap > 50
+
+
+# -- memory first (issue 11) ----------------------------------------------------------------------
+
+
+def test_a_neighbour_shrinks_the_room_at_once_and_gives_it_back_after_two_readings() -> None:
+    model = MemoryModel()
+    model.add(0.0, 0, 8 * GiB, TOTAL)
+    model.add(0.1, 1, 11 * GiB, TOTAL)
+    assert model.cap() == 5
+    model.add(0.2, 3, 23 * GiB, TOTAL)  # three in flight, and 6 GiB that are not theirs
+    assert model.cap() == 3  # at once: before the next admission
+    model.add(0.3, 3, 17 * GiB, TOTAL)  # it left: one reading may be requests not allocated yet
+    assert model.cap() == 3
+    model.add(0.4, 3, 17 * GiB, TOTAL)  # two agree: the room is back
+    assert model.cap() == 5
+
+
+def test_relief_is_taken_at_the_more_cautious_of_two_readings() -> None:
+    model = MemoryModel()
+    model.add(0.0, 0, 14 * GiB, TOTAL)  # a neighbour's 6 GiB from the start
+    model.add(0.1, 2, 20 * GiB, TOTAL)
+    model.add(0.2, 2, 14 * GiB, TOTAL)  # 6 GiB gone
+    model.add(0.3, 2, 17 * GiB, TOTAL)  # only 3 of them, this time
+    estimate = model.estimate()
+    assert estimate is not None and estimate.baseline_bytes == 11 * GiB
+
+
+def test_a_spread_that_no_reading_renews_fades() -> None:
+    model = MemoryModel(halflife_s=5.0)
+    model.add(0.0, 0, 8 * GiB, TOTAL)
+    for i, in_flight in enumerate([1, 2, 3, 2, 1, 3, 2, 1, 3, 2]):  # a line, slightly off: some spread
+        model.add(0.1 + 0.1 * i, in_flight, 8 * GiB + in_flight * 3 * GiB + (i % 2) * GiB // 2, TOTAL)
+    spread = model.estimate().spread_bytes  # type: ignore[union-attr]
+    assert spread > 0
+    for i in range(100):  # 50 s of one level, exactly on the line
+        model.add(2 + 0.5 * i, 2, 14 * GiB, TOTAL)
+    assert model.estimate().spread_bytes < spread / 10  # type: ignore[union-attr]
+
+
+def test_an_oom_bars_its_level_only_while_the_card_is_as_tight() -> None:
+    """0.1 held it for 30 s on a wall clock whatever memory said (issue 11)."""
+    c = AIMD(knee_gain=0, oom_hold_s=30)
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    c.on_sample(now_s=0.1, sample=MemorySample(11 * GiB, TOTAL), in_flight=1)
+    successes(c, 50, now_s=0.2)
+    assert c.limit == 5
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=5)  # a neighbour came between two readings
+    c.on_sample(now_s=1.05, sample=MemorySample(23 * GiB, TOTAL), in_flight=3)  # it holds 6 GiB
+    successes(c, 50, now_s=1.1)
+    assert c.limit == 3  # what fits beside it, and the OOM's level barred
+    c.on_sample(now_s=5.0, sample=MemorySample(17 * GiB, TOTAL), in_flight=3)  # it left
+    c.on_sample(now_s=5.1, sample=MemorySample(17 * GiB, TOTAL), in_flight=3)
+    successes(c, 50, now_s=5.2)
+    assert c.limit == 5  # four seconds after the OOM, not thirty
+
+
+def test_without_readings_an_oom_still_holds_on_the_clock() -> None:
+    c = AIMD(knee_gain=0, oom_hold_s=30)
+    bound(c, initial=4)
+    c.on_oom(now_s=0, epoch=c.epoch, in_flight=4)
+    successes(c, 100, now_s=10)
+    assert c.limit == 3  # no probe: the wall-clock hold is all there is

@@ -224,3 +224,76 @@ def test_simulated_gpu_is_shared_safely_by_threads_under_the_gate() -> None:
     for t in threads:
         t.join()
     assert not errors and gpu.used_bytes == WEIGHTS
+
+
+# -- the limit follows the card (issue 11): virtual time, against the oracle --------------------
+
+
+def first_time_at_or_above(result: SimulationResult, level: int, after_s: float) -> float | None:
+    return next((t for t, limit, *_ in result.series if t >= after_s and limit >= level), None)
+
+
+def test_a_neighbour_that_leaves_gives_its_room_back_within_two_seconds() -> None:
+    result = run(
+        [
+            Phase(0, 40, 3 * GiB, 0.1),
+            Phase(60, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB),
+            Phase(120, 40, 3 * GiB, 0.1),
+        ],
+        duration_s=180,
+    )
+    assert max(result.limits_between(61, 120)) <= 3  # never more than fit while it is there
+    assert result.ooms_between(60, 120) <= 1  # at most one OOM for the change of the card
+    back_s = first_time_at_or_above(result, 5, 120)
+    assert back_s is not None and back_s - 120 <= 2.0, result.limit_changes
+    assert result.ooms_between(120, 180) == 0
+
+
+def test_a_greedy_neighbour_is_followed_down_and_up() -> None:
+    """It grows in 512 MiB steps whenever that much is free, up to 6 GiB, as a caching allocator does."""
+    phases = [
+        Phase(0, 40, 3 * GiB, 0.1),
+        Phase(60, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB, neighbour_step_bytes=GiB // 2),
+        Phase(120, 40, 3 * GiB, 0.1),
+    ]
+    result = run(phases, duration_s=180)
+    assert max(result.limits_between(65, 120)) <= 3
+    assert result.ooms_between(60, 120) <= 1
+    back_s = first_time_at_or_above(result, 5, 120)
+    assert back_s is not None and back_s - 120 <= 2.0
+
+
+def test_an_oom_from_a_neighbour_does_not_bar_its_level_after_it_left() -> None:
+    """0.1 held the limit at the OOM's level for 30 s (doubling) on a wall clock, whatever memory said."""
+    result = run(
+        [Phase(0, 40, 3 * GiB, 0.1), Phase(30, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB), Phase(35, 40, 3 * GiB, 0.1)],
+        duration_s=60,
+    )
+    assert result.ooms_between(30, 35) >= 1  # it arrived between two readings: one OOM told the gate
+    back_s = first_time_at_or_above(result, 5, 35)
+    assert back_s is not None and back_s - 35 <= 2.0, result.limit_changes
+
+
+@pytest.mark.parametrize(
+    ("name", "share_of_oracle", "max_ooms"),
+    [
+        ("classic", 0.95, 0),  # readings before the first admission: the card is never probed into an OOM
+        ("neighbour", 0.90, 2),  # one per change of the card
+        ("neighbour-greedy", 0.90, 2),
+        # Inputs that double overflow the card in a burst before any reading shows why: 2 per change
+        # (the issue's target is 1; the README says so).
+        ("growth", 0.90, 4),
+        ("mixed-cost", 0.90, 0),
+        ("mixed", 0.75, None),  # sizes it cannot tell apart: OOMs are a budget there, not a bound
+    ],
+)
+def test_within_reach_of_an_oracle_that_knows_the_future(
+    name: str, share_of_oracle: float, max_ooms: int | None
+) -> None:
+    from benchmarks.virtual import compare
+
+    rows = {row.policy: row for row in compare(name, "2x", duration_s=60)}
+    adaptive, oracle = rows["adaptive"], rows["oracle"]
+    assert adaptive.goodput_per_s >= share_of_oracle * oracle.goodput_per_s, rows
+    if max_ooms is not None:
+        assert adaptive.ooms <= max_ooms, rows
