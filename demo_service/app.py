@@ -13,6 +13,7 @@ import anyio.to_thread
 import torch
 from fastapi import FastAPI, File, Request, UploadFile
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from adaptive_gate import AdaptiveGate
 from adaptive_gate.probes import Probe, auto_probe
@@ -129,7 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # A batch may hold max_files files of max_file_bytes each (plus the form's own bytes): the
         # gate reads a body whole before it may take a slot, so it must allow that much.
         batch_bytes = settings.max_files * settings.max_file_bytes + MiB
-        bounds = {"max_body_bytes": batch_bytes, "max_buffered_bytes": max(256 * MiB, batch_bytes)}
+        bounds: dict[str, Any] = {"max_body_bytes": batch_bytes, "max_buffered_bytes": max(256 * MiB, batch_bytes)}
+        bounds["cost"] = lambda scope: files_declared(scope, settings.max_files)  # what a batch weighs
         app.add_middleware(AdaptiveGate, probe=probe, **(bounds | settings.gate))
     elif policy == "static":
         app.add_middleware(SemaphoreMiddleware, limit=static_limit)
@@ -161,6 +163,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.post("/predict/batch", tags=["gpu"])
     def predict_batch(request: Request, files: Annotated[list[UploadFile], File()]) -> dict[str, Any]:
+        declared = request.query_params.get("files")
+        if declared is not None and declared != str(len(files)):
+            # The gate admitted it at the declared weight: a batch heavier than said must not pass.
+            raise BadImage(400, f"?files={declared} declared, {len(files)} files sent")
         return classify(request, files)
 
     if gpu is not None:
@@ -179,6 +185,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"ok": True, "model_loaded": hasattr(request.app.state, "classifier")}
 
     return app
+
+
+def files_declared(scope: Scope, max_files: int) -> float:
+    """The gate's cost: a batch weighs the number of files it declares in `?files=N` (checked by the
+    route against what it sent, and at most `max_files`, which the route enforces too), so the gate
+    admits batches by the memory they take; a request that declares nothing weighs one."""
+    for key, _, value in (pair.partition(b"=") for pair in scope["query_string"].split(b"&")):
+        if key == b"files" and value.isdigit() and int(value) >= 1:
+            return float(min(int(value), max_files))
+    return 1.0
 
 
 def read_upload(upload: UploadFile, max_bytes: int) -> bytes:

@@ -95,6 +95,25 @@ async def test_predict_batch(client: httpx.AsyncClient) -> None:
     assert response.status_code == 200 and len(response.json()["results"]) == 3
 
 
+async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: httpx.AsyncClient) -> None:
+    files = [("files", (f"{i}.png", image_bytes(size=(30 + i, 30)))) for i in range(3)]
+    weights: list[float] = []
+    gate = find_gate(client.app)  # type: ignore[attr-defined]  # (the lifespan built the stack)
+    admitted = gate.core.admitted
+
+    def watching(now_s: float, waited_s: float, units: float = 1) -> object:
+        weights.append(units)
+        return admitted(now_s, waited_s, units)
+
+    gate.core.admitted = watching  # type: ignore[method-assign]
+    assert (await client.post("/predict/batch?files=3", files=files)).status_code == 200
+    response = await client.post("/predict/batch?files=2", files=files)
+    assert response.status_code == 400 and "?files=2 declared, 3 files sent" in response.text
+    assert (await client.post("/predict/batch", files=files)).status_code == 200
+    assert weights == [3.0, 2.0, 1.0]
+    assert gate.core.limiter.in_flight == 0
+
+
 @pytest.mark.parametrize(
     ("files", "status", "words"),
     [
