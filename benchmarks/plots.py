@@ -29,7 +29,7 @@ def plot_scenario(
 ) -> None:
     statics = [p for p in summaries if p.startswith("static-")]
     best = max(statics, key=lambda p: summaries[p]["goodput_per_s"]) if statics else None
-    shown = [p for p in ("adaptive", best, "none") if p is not None and p in summaries]
+    shown = [p for p in ("adaptive", "oracle", best, "none") if p is not None and p in summaries]
     figure, axes = plt.subplots(len(shown), 1, figsize=(10, 3.0 * len(shown)), sharex=True, squeeze=False)
     for axis, policy in zip(axes[:, 0], shown, strict=True):
         rows = series[policy]

@@ -10,7 +10,9 @@ from typing import Any
 from .plots import plot_scenario
 
 RESULTS = Path(__file__).parent / "results"
-ORDER = ["classic", "neighbour", "growth", "mixed", "classic-crash"]
+ORDER = [
+    "classic", "neighbour", "neighbour-greedy", "growth", "mixed", "mixed-cost", "classic-crash", "no-lifespan",
+]  # fmt: skip
 
 
 def best_static(runs: dict[str, dict[str, Any]]) -> str:
@@ -20,9 +22,9 @@ def best_static(runs: dict[str, dict[str, Any]]) -> str:
 
 def scenario_rows() -> list[str]:
     rows = [
-        "| scenario | load | goodput/s: none | best static-N | adaptive | adaptive / best static | "
-        "OOMs: none / static / adaptive | p99 ms: static / adaptive | 503 answered in (adaptive) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| scenario | load | goodput/s: none | best static-N | oracle | adaptive | adaptive / oracle | "
+        "adaptive / best static | OOMs: static / oracle / adaptive | p99 ms: static / adaptive |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in ORDER:
         path = RESULTS / f"{name}.json"
@@ -30,14 +32,17 @@ def scenario_rows() -> list[str]:
             continue
         document = json.loads(path.read_text())
         for load, runs in document["runs"].items():
-            oracle = best_static(runs)
-            none, static, adaptive = runs["none"], runs[oracle], runs["adaptive"]
-            ratio = adaptive["goodput_per_s"] / static["goodput_per_s"] if static["goodput_per_s"] else float("inf")
-            answered = adaptive["reject_answer_ms_mean"]
+            best = best_static(runs)
+            none, static, adaptive = runs["none"], runs[best], runs["adaptive"]
+            oracle = runs.get("oracle")
+            goodput = adaptive["goodput_per_s"]
+            to_static = f"{goodput / static['goodput_per_s']:.2f}" if static["goodput_per_s"] else "-"
+            to_oracle = f"{goodput / oracle['goodput_per_s']:.2f}" if oracle and oracle["goodput_per_s"] else "-"
             rows.append(
-                f"| {name} | {load} | {none['goodput_per_s']} | {static['goodput_per_s']} ({oracle}) | "
-                f"{adaptive['goodput_per_s']} | {ratio:.2f} | {none['ooms']} / {static['ooms']} / {adaptive['ooms']} | "
-                f"{static['p99_ms']} / {adaptive['p99_ms']} | {'-' if answered is None else f'{answered} ms'} |"
+                f"| {name} | {load} | {none['goodput_per_s']} | {static['goodput_per_s']} ({best}) | "
+                f"{oracle['goodput_per_s'] if oracle else '-'} | {goodput} | {to_oracle} | {to_static} | "
+                f"{static['ooms']} / {oracle['ooms'] if oracle else '-'} / {adaptive['ooms']} | "
+                f"{static['p99_ms']} / {adaptive['p99_ms']} |"
             )
     return rows
 
