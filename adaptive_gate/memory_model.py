@@ -37,20 +37,18 @@ class MemoryModel:
     The manual recipe is "measure used memory with nothing running, then with one request, and
     take the difference". Done continuously, two ways:
 
-    * when in-flight varied over the last `window` samples and they lie on one line, a least-squares
-      fit gives both at once (its intercept is the baseline, its slope one request's bytes), from
-      recent data only, so it follows a neighbour process and inputs that grow;
-    * otherwise samples with nothing in flight give the baseline, and every other sample gives
-      `(used - baseline) / in_flight`. From one busy level alone, a baseline that moved and requests
-      that grew look the same, and so do a neighbour that left and requests that shrank. Of the two
-      readings the model believes the one that fits fewer requests, until in-flight varies or the
-      card idles.
+    * when in-flight varied over the last `window` samples (since the card last got tighter: a line
+      across a change is no line) and they lie on one line, a least-squares fit gives both at once
+      (its intercept is the baseline, its slope one request's bytes);
+    * otherwise samples with nothing in flight give the baseline, and busy samples within the
+      requests' usual spread teach their mean bytes, smoothed with the half-life `halflife_s`.
 
-    Memory first: a rise that the requests' usual spread does not explain is believed at once (the
-    room shrinks before the next admission, not after an OOM), and so is relief, once two readings
-    in a row show it (a neighbour that left gives its room back within two sample periods; one
-    reading alone may be a request admitted and not yet allocated). Drift within the usual spread is
-    smoothed with the half-life `halflife_s`.
+    Memory first: from one busy level alone, a neighbour that came and requests that grew look the
+    same. A rise beyond the usual spread is taken for the others' (a neighbour, a leak, a fatter
+    input): the room shrinks at once, before the next admission, not after an OOM; a fit over
+    levels tells later whose bytes they were. Relief is believed once two readings in a row show
+    it (a neighbour that left gives its room back within two sample periods; one reading alone may
+    be a request admitted and not yet allocated), at the more cautious of the two.
 
     Requests of different sizes (a mixed workload) are described by a mean and an upward spread
     (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
@@ -159,9 +157,6 @@ class MemoryModel:
         move = abs(moved_baseline - last)
         self._moves.append(move)
         return move > 3 * statistics.median(self._moves)
-
-    def _room_in_requests(self, baseline: float, per_request: float) -> float:
-        return (self.target_utilisation * self._total_bytes - baseline) / per_request
 
     def _forget_proof(self) -> None:
         """The card changed for the worse: a level that fitted before proves nothing now."""
