@@ -26,6 +26,8 @@ class MemoryEstimate:
     spread_bytes: float = 0.0
 
 
+# Readings in a row that must show room coming back before it is believed.
+RELIEF_READINGS = 3
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
 # card) stops holding growth back.
 BLIND_GROWTH_AFTER_SAMPLES = 20
@@ -46,9 +48,9 @@ class MemoryModel:
     Memory first: from one busy level alone, a neighbour that came and requests that grew look the
     same. A rise beyond the usual spread is taken for the others' (a neighbour, a leak, a fatter
     input): the room shrinks at once, before the next admission, not after an OOM; a fit over
-    levels tells later whose bytes they were. Relief is believed once two readings in a row show
-    it (a neighbour that left gives its room back within two sample periods; one reading alone may
-    be a request admitted and not yet allocated), at the more cautious of the two.
+    levels tells later whose bytes they were. Relief is believed once `RELIEF_READINGS` readings in a
+    row show it (a neighbour that left gives its room back within three sample periods; fewer may
+    be requests admitted and not yet allocated), at the most cautious of them.
 
     Requests of different sizes (a mixed workload) are described by a mean and an upward spread
     (how far above the mean requests go); the cap keeps `baseline + n * mean + spread_z * sqrt(n) *
@@ -78,8 +80,8 @@ class MemoryModel:
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
-        # A lower baseline seen in the last reading: believed when the next one agrees.
-        self._pending_relief: float | None = None
+        # Lower baselines seen in the last readings: believed when RELIEF_READINGS in a row agree.
+        self._pending_relief: list[float] = []
         self._since_shrink = 0  # readings since the last rise was believed: only these prove a level
         self._last_moved_baseline: float | None = None
         self._moves: deque[float] = deque(maxlen=16)  # |move| of the apparent baseline, reading to reading
@@ -106,10 +108,10 @@ class MemoryModel:
         self._recent.append((in_flight, used))
         self._since_shrink += 1
         if self._fit_recent():
-            self._pending_relief = None
+            self._pending_relief.clear()
             return
         if in_flight <= 0:
-            self._pending_relief = None
+            self._pending_relief.clear()
             self._baseline = used  # nothing of ours runs: this is exactly what the others hold
             return
         if self._baseline is None:
@@ -125,7 +127,7 @@ class MemoryModel:
     def _read_busy(self, used: float, in_flight: float, elapsed_s: float) -> None:
         """One reading with requests in flight. A change beyond the requests' usual spread is the
         others' (a neighbour, a leak, inputs that grew): the room shrinks at once and comes back when
-        two readings agree. Our requests' bytes are learned where they can be told apart from the
+        `RELIEF_READINGS` readings agree. Our requests' bytes are learned where they can be told apart from the
         others': in-flight that varies (`_fit_recent`), a reading with nothing in flight, and drift
         within the spread."""
         assert self._per_request is not None and self._baseline is not None
@@ -133,18 +135,18 @@ class MemoryModel:
         noise_bytes = 2 * math.sqrt(self._spread_sq * in_flight)  # how far n requests stray in all
         jumped = self._jumped(moved_baseline)
         if moved_baseline > self._baseline + noise_bytes:
-            self._pending_relief = None
+            self._pending_relief.clear()
             self._baseline = moved_baseline
             if jumped:
                 self._forget_proof()
         elif moved_baseline < 0:
             # No baseline explains it: the requests are smaller than believed (or not allocated yet).
-            self._pending_relief = None
+            self._pending_relief.clear()
             self._add_share((used - self._baseline) / in_flight, in_flight, elapsed_s)
         elif moved_baseline < self._baseline - noise_bytes:
             self._relieve(moved_baseline)
         else:
-            self._pending_relief = None
+            self._pending_relief.clear()
             self._add_share((used - self._baseline) / in_flight, in_flight, elapsed_s)
 
     def _jumped(self, moved_baseline: float) -> bool:
@@ -163,13 +165,16 @@ class MemoryModel:
         self._since_shrink = 1
 
     def _relieve(self, baseline: float) -> None:
-        """The others hold less than believed: taken when two readings in a row agree, at the more
-        cautious of the two."""
-        pending, self._pending_relief = self._pending_relief, baseline
-        if pending is None:
+        """The others hold less than believed: taken when `RELIEF_READINGS` readings in a row agree,
+        at the most cautious of them. Fewer would mistake the moments between a request's admission
+        and its allocation (or between its freeing and its release) for room: at 50 requests a
+        second, two readings in a row catch such a moment every few seconds."""
+        pending = self._pending_relief
+        pending.append(baseline)
+        if len(pending) < RELIEF_READINGS:
             return
-        self._pending_relief = None
-        self._baseline = max(pending, baseline)
+        self._baseline = max(pending)
+        pending.clear()
 
     def _add_share(self, share: float, in_flight: float, elapsed_s: float) -> None:
         """One sample of the mean bytes of `in_flight` requests: update their mean and spread."""

@@ -343,25 +343,27 @@ def test_a_stale_huge_request_estimate_is_forgotten_when_readings_say_otherwise(
 # -- memory first (issue 11) ----------------------------------------------------------------------
 
 
-def test_a_neighbour_shrinks_the_room_at_once_and_gives_it_back_after_two_readings() -> None:
+def test_a_neighbour_shrinks_the_room_at_once_and_gives_it_back_after_three_readings() -> None:
     model = MemoryModel()
     model.add(0.0, 0, 8 * GiB, TOTAL)
     model.add(0.1, 1, 11 * GiB, TOTAL)
     assert model.cap() == 5
     model.add(0.2, 3, 23 * GiB, TOTAL)  # three in flight, and 6 GiB that are not theirs
     assert model.cap() == 3  # at once: before the next admission
-    model.add(0.3, 3, 17 * GiB, TOTAL)  # it left: one reading may be requests not allocated yet
+    model.add(0.3, 3, 17 * GiB, TOTAL)  # it left: a reading may catch requests not allocated yet
+    model.add(0.4, 3, 17 * GiB, TOTAL)  # (two in a row do, every few seconds at 50 requests/s)
     assert model.cap() == 3
-    model.add(0.4, 3, 17 * GiB, TOTAL)  # two agree: the room is back
+    model.add(0.5, 3, 17 * GiB, TOTAL)  # three agree: the room is back
     assert model.cap() == 5
 
 
-def test_relief_is_taken_at_the_more_cautious_of_two_readings() -> None:
+def test_relief_is_taken_at_the_most_cautious_of_the_readings() -> None:
     model = MemoryModel()
     model.add(0.0, 0, 14 * GiB, TOTAL)  # a neighbour's 6 GiB from the start
     model.add(0.1, 2, 20 * GiB, TOTAL)
     model.add(0.2, 2, 14 * GiB, TOTAL)  # 6 GiB gone
     model.add(0.3, 2, 17 * GiB, TOTAL)  # only 3 of them, this time
+    model.add(0.4, 2, 14 * GiB, TOTAL)
     estimate = model.estimate()
     assert estimate is not None and estimate.baseline_bytes == 11 * GiB
 
@@ -390,8 +392,8 @@ def test_an_oom_bars_its_level_only_while_the_card_is_as_tight() -> None:
     c.on_sample(now_s=1.05, sample=MemorySample(23 * GiB, TOTAL), in_flight=3)  # it holds 6 GiB
     successes(c, 50, now_s=1.1)
     assert c.limit == 3  # what fits beside it, and the OOM's level barred
-    c.on_sample(now_s=5.0, sample=MemorySample(17 * GiB, TOTAL), in_flight=3)  # it left
-    c.on_sample(now_s=5.1, sample=MemorySample(17 * GiB, TOTAL), in_flight=3)
+    for i in range(3):  # it left
+        c.on_sample(now_s=5.0 + i * 0.1, sample=MemorySample(17 * GiB, TOTAL), in_flight=3)
     successes(c, 50, now_s=5.2)
     assert c.limit == 5  # four seconds after the OOM, not thirty
 
