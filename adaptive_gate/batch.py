@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar, cast
 import anyio
 import anyio.to_thread
 
+from ._batch_gate import BatchCapacity
 from ._batch_policy import BatchPolicy
 from ._batch_probe import BatchProbe
 from ._batching import Assembly, Entry
@@ -316,6 +317,10 @@ class Batched(Generic[T, R]):
     def capacity(self) -> int:
         """Items worth admitting at once: the batch that runs and the next one filling."""
         return 2 * self.statistics().batch_size
+
+    def gate_controller(self) -> BatchCapacity:
+        """A controller for the `AdaptiveGate` in front: its limit is `capacity()`, so batches form."""
+        return BatchCapacity(self)
 
 
 def batch(
