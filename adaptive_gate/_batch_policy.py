@@ -176,6 +176,11 @@ class BatchPolicy:
     def reading(self, now_s: float, used_bytes: int, total_bytes: int) -> None:
         """A reading taken with no batch of ours on the card: what everything else holds now."""
         self._used_bytes, self._total_bytes = float(used_bytes), float(total_bytes)
+        room = self._room_bytes(1.0)
+        if room is not None and self._oom_room_bytes is not None and room < self._oom_room_bytes:
+            # Less room than the batch that ran out believed it had: a neighbour took it (readings
+            # lag a neighbour's arrival), not larger items. The size hold stays; the bytes lesson goes.
+            self.bytes.relax()
         self._expire_oom(now_s)
 
     def batch_done(
