@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ._sampler import ProbeHung, ProbeThread
+from ._sampler import ProbeThread
 from .memory import MemorySample, check_sample
 from .probes import Probe, auto_probe
 
@@ -88,7 +88,7 @@ class BatchProbe:
             return None
         try:
             return check_sample(await self._thread.call(self.probe.sample, READ_TIMEOUT_S))
-        except (TimeoutError, ProbeHung, Exception) as exc:
+        except Exception as exc:  # a hang (TimeoutError, ProbeHung) or a failure alike
             self._error(f"probe.sample() failed: {exc!r}")
             return None
 

@@ -8,6 +8,9 @@ A batch is due when the line holds as much as the next batch may take (by count,
 cost), or when its oldest item has waited `max_wait_s`. `take` hands out the oldest items first,
 as many as fit the bounds, and always at least one: an item larger than every bound still runs,
 alone, so that it fails with its own error instead of waiting for ever.
+
+`BatchStatistics`, the frozen snapshot `Batched.statistics()` answers, lives here too: plain data,
+importable without the async layer.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["Assembly", "Entry"]
+__all__ = ["Assembly", "BatchStatistics", "Entry"]
 
 T = TypeVar("T")
 
@@ -29,6 +32,28 @@ class Entry(Generic[T]):
     units: float
     arrived_s: float
     taken: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class BatchStatistics:
+    """What `Batched.statistics()` answers: the size in force and what batching did so far."""
+
+    batch_size: int  # items the next batch may hold (by count and, with unit costs, memory)
+    batch_units: float | None  # units of cost it may hold by memory; None while unknown
+    bound: str  # what sets the size: "knee", "memory", "oom" or "max_batch_size"
+    queued: int
+    running: int
+    batches: int
+    items: int
+    splits: int  # batches split in halves after an out-of-memory error
+    ooms: int  # items that failed alone with an out-of-memory error
+    failed_items: int
+    cancelled: int  # callers that left before their result
+    wait_added_s_mean: float | None  # from an item's arrival to the start of its batch
+    batch_items_mean: float | None
+    probe: str
+    probe_errors: int
+    policy: dict[str, float | int | str | None]
 
 
 class Assembly(Generic[T]):

@@ -31,7 +31,6 @@ import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
@@ -40,7 +39,7 @@ import anyio.to_thread
 from ._batch_gate import BatchCapacity
 from ._batch_policy import BatchPolicy
 from ._batch_probe import BatchProbe
-from ._batching import Assembly, Entry
+from ._batching import Assembly, BatchStatistics, Entry
 from ._checks import check_int, check_seconds
 from .oom import is_oom
 from .probes import Probe
@@ -51,28 +50,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 PEAK_PERIOD_S = 0.005
-
-
-@dataclass(frozen=True)
-class BatchStatistics:
-    """What `Batched.statistics()` answers: the size in force and what batching did so far."""
-
-    batch_size: int  # items the next batch may hold (by count and, with unit costs, memory)
-    batch_units: float | None  # units of cost it may hold by memory; None while unknown
-    bound: str  # what sets the size: "knee", "memory", "oom" or "max_batch_size"
-    queued: int
-    running: int
-    batches: int
-    items: int
-    splits: int  # batches split in halves after an out-of-memory error
-    ooms: int  # items that failed alone with an out-of-memory error
-    failed_items: int
-    cancelled: int  # callers that left before their result
-    wait_added_s_mean: float | None  # from an item's arrival to the start of its batch
-    batch_items_mean: float | None
-    probe: str
-    probe_errors: int
-    policy: dict[str, float | int | str | None]
 
 
 class _Call(Generic[T, R]):
@@ -119,6 +96,8 @@ class Batched(Generic[T, R]):
             getattr(function, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
         )
         self.max_wait_s = check_seconds("max_wait_s", max_wait_s)
+        if max_batch_size is not None:
+            check_int("max_batch_size", max_batch_size, 1)
         self.policy = BatchPolicy(max_batch_size=max_batch_size)
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
         self._cost = cost
