@@ -43,8 +43,8 @@ class BatchStatistics:
     bound: str  # what sets the size: "knee", "memory", "oom" or "max_batch_size"
     queued: int
     running: int
-    batches: int
-    items: int
+    batches: int  # calls of the function that returned one result per item
+    items: int  # items those calls answered
     splits: int  # batches split in halves after an out-of-memory error
     ooms: int  # items that failed alone with an out-of-memory error
     failed_items: int

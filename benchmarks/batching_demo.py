@@ -48,7 +48,7 @@ def main() -> None:
     print(f"{verdict} demo on CPU ({args.model}): --batching on {on:.2f}/s vs off {off:.2f}/s = {ratio:.2f}x "
           "(target >= 0.95)")  # fmt: skip
     document: dict[str, Any] = {
-        "command": "python -m benchmarks.batching_demo",
+        "command": f"python -m benchmarks.batching_demo --model {args.model} --rounds {args.rounds}",
         "machine": {"cpus": os.cpu_count(), "gpu": "simulated"},
         "model": args.model,
         "connections": args.connections,
@@ -57,7 +57,7 @@ def main() -> None:
         "ratio": round(ratio, 3),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "batching_demo.json").write_text(json.dumps(document, indent=1) + "\n")
+    (RESULTS / f"batching_demo-{args.model}.json").write_text(json.dumps(document, indent=1) + "\n")
 
 
 if __name__ == "__main__":
