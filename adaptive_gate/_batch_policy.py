@@ -29,6 +29,7 @@ from ._checks import check_fraction
 
 __all__ = ["BatchLimits", "BatchPolicy", "ItemBytes", "Knee"]
 
+MAX_RETRY_FACTOR = 16  # a trial that keeps failing is retried at most this many times later
 OOM_MARGIN = 1.05  # after an OOM, the per-unit estimate is raised at least this far past what failed
 
 
@@ -95,12 +96,16 @@ class Knee:
     Group k holds batches of 2**k to 2**(k+1) - 1 items. After `samples` batches in the current
     group, the next group is allowed for a trial; it is kept when its seconds per unit are at least
     `min_gain` lower, else the trial ends and is tried again after `retry_after` batches (the card
-    or the inputs may have changed). A smaller group that has become faster takes over at once.
+    or the inputs may have changed), twice as long after each trial that failed, up to
+    `MAX_RETRY_FACTOR` times: a trial of a size that does not pay costs throughput, and where
+    batching never pays (the CPU) it should be tried ever more rarely. A smaller group that has
+    become faster takes over at once.
     """
 
     def __init__(self, *, min_gain: float, samples: int = 3, retry_after: int = 50, max_group: int = 20) -> None:
         self.min_gain = min_gain
         self._samples = samples
+        self._base_retry_after = retry_after
         self._retry_after = retry_after
         self._max_group = max_group
         self.group = 0
@@ -138,15 +143,21 @@ class Knee:
                 self.group, self.trial = below, False
                 return
         if self.trial and self._ready(above):
-            if self._spu[above] <= self._spu[here] * (1 - self.min_gain):
+            paid = self._spu[above] <= self._spu[here] * (1 - self.min_gain)
+            if paid:
                 self.group = above
+            self._retry_after = self._base_retry_after if paid else self._longer_retry()
             self.trial, self._since_trial = False, 0
         elif self.trial and self._since_trial > self._retry_after:
+            self._retry_after = self._longer_retry()
             self.trial, self._since_trial = False, 0  # the trial size never ran (too little load, no room)
         elif not self.trial and self._ready(here) and above <= self._max_group:
             if above not in self._count or self._since_trial > self._retry_after:
                 self._count.pop(above, None)  # a new trial judges on fresh batches
                 self.trial, self._since_trial = True, 0
+
+    def _longer_retry(self) -> int:
+        return min(self._retry_after * 2, self._base_retry_after * MAX_RETRY_FACTOR)
 
 
 class BatchPolicy:

@@ -132,3 +132,11 @@ def test_the_knee_always_allows_at_least_one_item(batches: list[tuple[int, float
         knee.observe(n, n, latency_s)
         assert knee.max_items() >= 1
         assert knee.max_items() == 2 ** (knee.group + 1 + knee.trial) - 1
+
+
+def test_trials_that_do_not_pay_come_ever_more_rarely() -> None:
+    knee = Knee(min_gain=0.05)
+    allowed = throughput_run(knee, lambda n: 0.065 * n, batches=4000)  # batching never pays
+    early, late = allowed[:800], allowed[-800:]
+    assert sum(n > 1 for n in late) < sum(n > 1 for n in early)
+    assert sum(n > 1 for n in late) <= 0.01 * len(late)
