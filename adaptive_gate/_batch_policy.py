@@ -199,7 +199,9 @@ class BatchPolicy:
     ) -> None:
         """A batch ran: `peak_used_bytes` is the highest reading while it ran (None: none was taken)."""
         self.knee.observe(items, units, latency_s)
-        if peak_used_bytes is not None and self._used_bytes is not None:
+        # A peak no higher than the reading before is a batch the watch missed (it read before the
+        # batch allocated, or the batch was shorter than its period): no lesson, not "zero bytes".
+        if peak_used_bytes is not None and self._used_bytes is not None and peak_used_bytes > self._used_bytes:
             self.bytes.observe(units, peak_used_bytes - self._used_bytes)
         self._expire_oom(now_s)
 

@@ -350,3 +350,23 @@ async def test_a_bad_cost_fails_that_caller_alone() -> None:
         await echo(-1.0)
     assert await echo(2.0) == 2.0
     assert echo.statistics().queued == 0
+
+
+async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
+    gpu = SimulatedGPU(1 * GiB)
+    units_run: list[float] = []
+
+    @batch(probe=gpu, max_wait_s=0.02, cost=lambda item: float(item))
+    def pixels(items: list[int]) -> list[int]:
+        units_run.append(sum(items))
+        with gpu.allocate(10 * MiB * sum(items)):  # 10 MiB per unit of cost: about 97 units fit under 95%
+            time.sleep(0.03)  # several readings of the peak per batch
+        return [-x for x in items]
+
+    rng = random.Random(5)
+    for _ in range(6):
+        items = [rng.randint(10, 40) for _ in range(24)]
+        assert await gather(pixels, items) == [-x for x in items]
+    stats = pixels.statistics()
+    assert stats.failed_items == 0 and stats.batch_units is not None and 90 <= stats.batch_units <= 98
+    assert max(units_run[-20:]) <= 98 and max(units_run) > 40  # several items per batch, within the room
