@@ -271,11 +271,8 @@ class Batched(Generic[T, R]):
     def statistics(self) -> BatchStatistics:
         limits = self.policy.limits()
         counts = self._counts
-        size = limits.items
-        if self._cost is None and math.isfinite(limits.units):  # unit costs: memory bounds the count too
-            size = min(size, max(1, math.floor(limits.units)))
         return BatchStatistics(
-            batch_size=size,
+            batch_size=self._batch_size(),
             batch_units=None if math.isinf(limits.units) else round(limits.units, 3),
             bound=limits.bound,
             queued=len(self._line),
@@ -293,9 +290,16 @@ class Batched(Generic[T, R]):
             policy=self.policy.describe(),
         )
 
+    def _batch_size(self) -> int:
+        """Items the next batch may hold: by count, and with unit costs by memory too."""
+        limits = self.policy.limits()
+        if self._cost is None and math.isfinite(limits.units):
+            return min(limits.items, max(1, math.floor(limits.units)))
+        return limits.items
+
     def capacity(self) -> int:
         """Items worth admitting at once: the batch that runs and the next one filling."""
-        return 2 * self.statistics().batch_size
+        return 2 * self._batch_size()
 
     def gate_controller(self) -> BatchCapacity:
         """A controller for the `AdaptiveGate` in front: its limit is `capacity()`, so batches form."""

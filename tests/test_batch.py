@@ -107,8 +107,9 @@ async def test_a_wrong_number_of_results_is_a_clear_error_to_every_caller(return
         assert "one result per item" in str(answer)
 
 
-async def test_chaos_cancellations_and_bad_inputs_answers_reach_the_right_callers() -> None:
-    rng = random.Random(13)
+@pytest.mark.parametrize("seed", [13, 14, 15])
+async def test_chaos_cancellations_and_bad_inputs_answers_reach_the_right_callers(seed: int) -> None:
+    rng = random.Random(seed)
     calls: list[list[int]] = []
 
     @batch(probe=None, max_wait_s=0.002, max_batch_size=6)
