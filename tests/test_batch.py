@@ -11,6 +11,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -196,8 +197,7 @@ async def test_cancelled_while_waiting_leaves_the_line_and_passes_the_lead() -> 
         ran.extend(items)
         return items
 
-    for _ in range(4):  # past the knee's first group: a lone item now waits for company
-        await gather(echo, [0, 0, 0])
+    echo.policy.knee.group = 3  # as if the knee had learned that batches pay: a lone item waits for company
     assert echo.statistics().batch_size > 1
     echo.max_wait_s = 10.0
     with anyio.move_on_after(0.01):
@@ -307,9 +307,14 @@ async def test_the_gate_in_front_lets_batches_of_several_form() -> None:
             responses = await gather(lambda x: client.post(f"/predict?x={x}"), list(range(32)))
             assert [r.json()["y"] for r in responses] == list(range(1, 33))
         status = (await client.get("/gate/status")).json()
+        metrics = (await client.get("/gate/metrics")).text
     assert max(fn.sizes) >= 8
     assert status["limit"] >= 16
     assert status["controller"]["batching"]["items"] == 6 * 32
+    samples = {s.name: s.value for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert samples["adaptive_gate_batch_items_total"] == 6 * 32
+    assert samples["adaptive_gate_batch_size"] == status["controller"]["batching"]["batch_size"]
+    assert samples["adaptive_gate_batch_splits_total"] == 0
 
 
 async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:
