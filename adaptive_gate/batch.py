@@ -8,6 +8,9 @@ caller then awaits a single item and gets its own result back:
 
     label = await classify(image)
 
+An exception instance returned in an item's place is raised to that caller alone (an input that
+cannot be handled); an exception the function raises goes to every caller of the batch.
+
 Callers wait in a line. The first of them leads: it waits until the line holds as much as the next
 batch may take or `max_wait_s` passed since the oldest item came, runs the batch (a sync function
 in a worker thread, never on the event loop), hands every caller its result, and passes the lead
