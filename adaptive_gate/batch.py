@@ -24,6 +24,9 @@ what still buys throughput, and `max_batch_size`. A batch that runs out of memor
 halves, each retried, and the policy learns from it; an item that does not fit alone fails with
 the out-of-memory error, which the gate in front turns into a 503.
 
+A batched function belongs to one event loop at a time (its line is plain data, not locked): one
+per process, as a service has.
+
 Not `ray.serve.batch` or a queue with a consumer task: both need the batch size fixed in advance,
 and a consumer task needs a lifespan to run in, which a decorator does not have.
 """
