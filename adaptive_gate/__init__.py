@@ -1,6 +1,7 @@
 """adaptive-gate: VRAM-aware admission control for FastAPI/Starlette services that run GPU inference."""
 
 from ._version import __version__
+from .batch import Batched, BatchStatistics, batch
 from .control import AIMD, Controller, Fixed
 from .limiter import Limiter, QueueFull, QueueTimeout
 from .memory import MemorySample
@@ -11,6 +12,8 @@ from .probes import CombinedProbe, NvmlProbe, Probe, TorchCudaProbe
 __all__ = [
     "AIMD",
     "AdaptiveGate",
+    "BatchStatistics",
+    "Batched",
     "CombinedProbe",
     "Controller",
     "Fixed",
@@ -22,5 +25,6 @@ __all__ = [
     "QueueTimeout",
     "TorchCudaProbe",
     "__version__",
+    "batch",
     "is_oom",
 ]

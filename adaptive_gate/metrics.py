@@ -98,6 +98,7 @@ def _families(stats: GateStatistics) -> Iterator[Metric]:
     yield from _request_families(stats)
     yield from _memory_families(stats)
     yield from _health_families(stats)
+    yield from _batching_families(stats)
 
 
 def _request_families(stats: GateStatistics) -> Iterator[Metric]:
@@ -194,3 +195,25 @@ class GateMetrics:
 
     def render(self) -> bytes:
         return self._generate_latest(self.registry)
+
+
+# A batcher's figures, where the gate's controller is its `gate_controller()` (`controller.batching`).
+BATCH_COUNTERS = {
+    "batches": ("batches", "Batches run that answered their items"),
+    "items": ("batch_items", "Items answered by batches"),
+    "splits": ("batch_splits", "Batches split in halves after an out-of-memory error"),
+    "ooms": ("batch_ooms", "Items that failed alone with an out-of-memory error"),
+    "failed_items": ("batch_failed_items", "Items that failed (their own error, or their batch's)"),
+}
+
+
+def _batching_families(stats: GateStatistics) -> Iterator[Metric]:
+    batching = stats.controller.details.get("batching")
+    if not isinstance(batching, dict):
+        return
+    yield _gauge("batch_size", "Items the next batch may hold now", batching["batch_size"])
+    for key, (name, documentation) in BATCH_COUNTERS.items():
+        yield _counter(name, documentation, batching[key])
+    wait_ms = batching.get("wait_added_ms_mean")
+    if wait_ms is not None:
+        yield _gauge("batch_wait_added_seconds_mean", "Mean wait from an item's arrival to its batch", wait_ms / 1000)

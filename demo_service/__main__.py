@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vram-fraction", type=float, help="on CUDA, cap PyTorch at this fraction of the card")
     parser.add_argument("--image-side", type=int, default=224, help="inputs are resized to this square side")
     parser.add_argument("--policy", default="adaptive", help="adaptive (default), static:N or none (benchmarks)")
+    parser.add_argument("--batching", default="auto", choices=["auto", "on", "off"],
+                        help="/predict through adaptive_gate.batch (auto: on for CUDA, off on CPU)")  # fmt: skip
     gate = parser.add_argument_group("gate options")
     gate.add_argument("--min-limit", type=int)
     gate.add_argument("--max-limit", type=int)
@@ -78,6 +80,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         simulated_vram_bytes=args.simulated_vram,
         vram_fraction=args.vram_fraction,
         policy=args.policy,
+        batching=args.batching,
         image_side=args.image_side,
         gate=gate,
     )

@@ -19,6 +19,7 @@ from adaptive_gate import AdaptiveGate
 from adaptive_gate.probes import Probe, auto_probe
 from adaptive_gate.testing import SimulatedGPU
 
+from .batching import add_batched_predict, batched_classifier, batching_on
 from .inference import BadImage, Classifier, decode_image, load_classifier
 from .model import DEFAULT_MODEL, default_labels
 from .policies import SemaphoreMiddleware, parse_policy
@@ -45,6 +46,7 @@ class Settings:
     max_file_bytes: int = 20 * MiB
     image_side: int = 224  # inputs are resized to side x side: larger sides need more memory per image
     policy: str = "adaptive"
+    batching: str = "auto"  # /predict through adaptive_gate.batch: auto (on for CUDA), on, off
     gate: dict[str, Any] = field(default_factory=dict)
 
 
@@ -126,13 +128,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="adaptive-gate demo", lifespan=lifespan)
+    # The batcher reads the same probe as the gate (on the CPU, the simulated card).
+    batcher_probe = None if isinstance(probe, str) else probe
+    batched = batched_classifier(app, batcher_probe) if batching_on(settings.batching, device) else None
     if policy == "adaptive":
         # A batch may hold max_files files of max_file_bytes each (plus the form's own bytes): the
         # gate reads a body whole before it may take a slot, so it must allow that much.
         batch_bytes = settings.max_files * settings.max_file_bytes + MiB
         bounds: dict[str, Any] = {"max_body_bytes": batch_bytes, "max_buffered_bytes": max(256 * MiB, batch_bytes)}
         bounds["cost"] = lambda scope: files_declared(scope, settings.max_files)  # what a batch weighs
-        app.add_middleware(AdaptiveGate, probe=probe, **(bounds | settings.gate))
+        # With batching, the gate counts items for the batcher (its controller), not forward passes.
+        controller = {} if batched is None else {"controller": batched.gate_controller()}
+        app.add_middleware(AdaptiveGate, probe=probe, **controller, **(bounds | settings.gate))
     elif policy == "static":
         app.add_middleware(SemaphoreMiddleware, limit=static_limit)
 
@@ -156,10 +163,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "inference_ms": round(inference_ms, 3),
         }
 
-    @app.post("/predict", tags=["gpu"])
-    def predict(request: Request, file: Annotated[UploadFile, File()]) -> dict[str, Any]:
-        answer = classify(request, [file])
-        return {"top5": answer["results"][0], "device": answer["device"], "inference_ms": answer["inference_ms"]}
+    if batched is not None:
+        add_batched_predict(
+            app,
+            batched,
+            read=read_upload,
+            max_file_bytes=settings.max_file_bytes,
+            max_pixels=settings.max_pixels,
+            side=settings.image_side,
+            device_text=device_text,
+        )
+    else:
+
+        @app.post("/predict", tags=["gpu"])
+        def predict(request: Request, file: Annotated[UploadFile, File()]) -> dict[str, Any]:
+            answer = classify(request, [file])
+            return {"top5": answer["results"][0], "device": answer["device"], "inference_ms": answer["inference_ms"]}
 
     @app.post("/predict/batch", tags=["gpu"])
     def predict_batch(request: Request, files: Annotated[list[UploadFile], File()]) -> dict[str, Any]:
@@ -227,5 +246,6 @@ def describe(settings: Settings, device: torch.device, classifier: Classifier, p
     shown = {name: "(set)" if name == "admin_token" else value for name, value in settings.gate.items()}
     return (
         f"device={device} model={settings.architecture} {card}; probe={probe}; policy={settings.policy}; "
+        f"batching={settings.batching}; "
         f"gate options={shown or 'defaults'}"
     )

@@ -1,0 +1,73 @@
+"""`BatchCapacity`: a gate controller whose limit is what a batcher can take, counted in items.
+
+With a batcher behind the gate, the gate's default controller would count requests as if each ran
+on its own: it starts low and grows by one per window, so at first the batcher never sees more
+than a few callers at once and no batch forms. This controller hands the gate the batcher's own
+answer instead: the items of the batch that runs plus those of the next one filling
+(`Batched.capacity()`), which follows the card as the batch size does. OOMs are the batcher's to
+handle (it splits the batch); one item that does not fit alone still reaches the gate as an OOM,
+a 503, and the batch size it left behind lowers the limit on the next event.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .memory import MemorySample
+
+if TYPE_CHECKING:
+    from .batch import Batched
+
+__all__ = ["BatchCapacity"]
+
+
+class BatchCapacity:
+    """`AdaptiveGate(app, controller=batched.gate_controller())`: the limit follows the batcher."""
+
+    def __init__(self, batched: Batched[Any, Any]) -> None:
+        self._batched = batched
+        self.min_limit = 1
+        self.max_limit = 1
+        self._bound = False
+
+    @property
+    def limit(self) -> int:
+        return max(self.min_limit, min(self.max_limit, self._batched.capacity()))
+
+    @property
+    def epoch(self) -> int:
+        return 0
+
+    @property
+    def reason(self) -> str:
+        return f"batch capacity ({self._batched.statistics().bound})"
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        if self._bound and (min_limit, max_limit) != (self.min_limit, self.max_limit):
+            raise RuntimeError("this controller is already used by another gate with other bounds; give each its own")
+        self.min_limit, self.max_limit, self._bound = min_limit, max_limit, True
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        pass  # the batcher learns from its own batches; the limit is read from it
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
+        pass
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        """The gate's status shows these under its controller: the batching figures, in one place."""
+        stats = self._batched.statistics()
+        wait_s = stats.wait_added_s_mean
+        batching = {
+            "batch_size": stats.batch_size,
+            "bound": stats.bound,
+            "batches": stats.batches,
+            "items": stats.items,
+            "splits": stats.splits,
+            "ooms": stats.ooms,
+            "failed_items": stats.failed_items,
+            "wait_added_ms_mean": None if wait_s is None else round(wait_s * 1000, 3),
+        }
+        return {"controller": "batch_capacity", "bound": "batcher", "batching": batching}

@@ -1,0 +1,114 @@
+"""The batcher's readings: one before each batch (what the card holds without it), and the highest
+one while it runs (what it added). Both off the event loop.
+
+The reading before a batch goes through the sampler's `ProbeThread` (its own daemon thread, under a
+timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
+daemon thread that reads every `period_s` between `begin()` and `end()` and keeps the highest: a
+batch is often shorter than the gate's sampling period, and its peak is what must fit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ._sampler import ProbeThread
+from .memory import MemorySample, check_sample
+from .probes import Probe, auto_probe
+
+__all__ = ["BatchProbe", "PeakWatch"]
+
+READ_TIMEOUT_S = 1.0
+START_TIMEOUT_S = 5.0  # NVML's start-up, or torch's first CUDA call
+
+
+class PeakWatch:
+    """Reads the probe every `period_s` while a batch runs; `end()` answers the highest used bytes."""
+
+    def __init__(self, probe: Probe, period_s: float) -> None:
+        self._probe = probe
+        self._period_s = period_s
+        self._condition = threading.Condition()
+        self._running = False
+        self._generation = 0
+        self._peak: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        with self._condition:
+            self._running, self._peak = True, None
+            self._generation += 1
+            self._condition.notify()
+        if self._thread is None:
+            # A daemon: a probe that never answers must not keep the process alive. It waits on the
+            # condition between batches and costs nothing then.
+            self._thread = threading.Thread(target=self._serve, name="adaptive-gate-batch-peak", daemon=True)
+            self._thread.start()
+
+    def end(self) -> int | None:
+        with self._condition:
+            self._running = False
+            return self._peak
+
+    def _serve(self) -> None:
+        while True:
+            with self._condition:
+                while not self._running:
+                    self._condition.wait()
+                generation = self._generation
+            try:
+                used: int | None = check_sample(self._probe.sample()).used_bytes
+            except Exception:  # a failed reading teaches nothing; the batch runs on regardless
+                used = None
+            with self._condition:
+                if used is not None and self._running and generation == self._generation:
+                    self._peak = used if self._peak is None else max(self._peak, used)
+            time.sleep(self._period_s)
+
+
+class BatchProbe:
+    """The probe a batcher was given (`"auto"` resolved on first use, off the loop), its readings,
+    and what went wrong with them, for the statistics."""
+
+    def __init__(self, probe: Probe | str | None, period_s: float) -> None:
+        self._period_s = period_s
+        self._thread = ProbeThread()
+        self._resolved = probe is None or not isinstance(probe, str)
+        self.probe: Probe | None = None if isinstance(probe, str) else probe
+        self.description = _describe(probe)
+        self.errors = 0
+        self.last_error: str | None = None
+        self.watch: PeakWatch | None = None if self.probe is None else PeakWatch(self.probe, period_s)
+
+    async def read(self) -> MemorySample | None:
+        """A reading now, or None (no probe, or it failed: counted, and the batch runs without it)."""
+        if not self._resolved:
+            await self._resolve()
+        if self.probe is None:
+            return None
+        try:
+            return check_sample(await self._thread.call(self.probe.sample, READ_TIMEOUT_S))
+        except Exception as exc:  # a hang (TimeoutError, ProbeHung) or a failure alike
+            self._error(f"probe.sample() failed: {exc!r}")
+            return None
+
+    async def _resolve(self) -> None:
+        self._resolved = True
+        try:
+            probe, self.description = await self._thread.call(auto_probe, START_TIMEOUT_S)
+        except Exception as exc:
+            probe, self.description = None, f"probe: none, it failed to start: {exc!r}"
+        self.probe = probe
+        self.watch = None if probe is None else PeakWatch(probe, self._period_s)
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+
+
+def _describe(probe: Probe | str | None) -> str:
+    if probe is None:
+        return "probe: none, batches sized by the knee and out-of-memory errors alone"
+    if isinstance(probe, str):
+        return "probe: auto, resolved at the first batch"
+    return f"probe: {probe!r}"

@@ -1,0 +1,336 @@
+"""`adaptive_gate.batch`: dynamic batching with a batch size sized from the card, learned as it runs.
+
+Decorate a function that takes a list of items and returns one result per item, in order; each
+caller then awaits a single item and gets its own result back:
+
+    @adaptive_gate.batch()
+    def classify(images: list[Tensor]) -> list[Label]: ...
+
+    label = await classify(image)
+
+An exception instance returned in an item's place is raised to that caller alone (an input that
+cannot be handled); an exception the function raises goes to every caller of the batch.
+
+Callers wait in a line. The first of them leads: it waits until the line holds as much as the next
+batch may take or `max_wait_s` passed since the oldest item came, runs the batch (a sync function
+in a worker thread, never on the event loop), hands every caller its result, and passes the lead
+to the oldest caller still waiting. So one batch runs at a time, without a task of its own that
+would need a lifespan to start it. The batch runs shielded: a leader cancelled meanwhile gets its
+cancellation when the batch is over, and no other caller loses its batch for it (the work on the
+card could not be stopped anyway). A caller cancelled while it waits leaves the line at once.
+
+How large a batch may be is `_batch_policy.BatchPolicy`'s answer: what fits the card's room now,
+what still buys throughput, and `max_batch_size`. A batch that runs out of memory is split in
+halves, each retried, and the policy learns from it; an item that does not fit alone fails with
+the out-of-memory error, which the gate in front turns into a 503.
+
+A batched function belongs to one event loop at a time (its line is plain data, not locked): one
+per process, as a service has.
+
+Not `ray.serve.batch` or a queue with a consumer task: both need the batch size fixed in advance,
+and a consumer task needs a lifespan to run in, which a decorator does not have.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar, cast
+
+import anyio
+import anyio.to_thread
+
+from ._batch_gate import BatchCapacity
+from ._batch_policy import BatchPolicy
+from ._batch_probe import BatchProbe
+from ._batching import Assembly, BatchStatistics, Entry
+from ._checks import check_int, check_seconds
+from .oom import is_oom
+from .probes import Probe
+
+__all__ = ["BatchStatistics", "Batched", "batch"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+PEAK_PERIOD_S = 0.005
+
+
+class _Call(Generic[T, R]):
+    """One caller: its item, its answer once there is one, and the event that wakes it."""
+
+    __slots__ = ("item", "entry", "wake", "done", "value", "error", "started")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.entry: Entry[_Call[T, R]] | None = None
+        self.wake = anyio.Event()
+        self.done = False
+        self.value: R | None = None
+        self.error: BaseException | None = None
+        self.started = False
+
+    def answer(self, value: R | None, error: BaseException | None) -> None:
+        if not self.done:
+            self.done, self.value, self.error = True, value, error
+            self.wake.set()
+
+    def result(self) -> R:
+        if self.error is not None:
+            error, self.error = self.error, None  # an OOM kept alive pins its frames' tensors
+            raise error
+        return cast(R, self.value)
+
+
+class Batched(Generic[T, R]):
+    """The batched function: `await batched(item)`, `statistics()`, `capacity()`."""
+
+    def __init__(
+        self,
+        function: Callable[[list[T]], Sequence[R]] | Callable[[list[T]], Awaitable[Sequence[R]]],
+        *,
+        max_wait_s: float,
+        max_batch_size: int | None,
+        probe: Probe | str | None,
+        cost: Callable[[T], float] | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.function = function
+        self.is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+            getattr(function, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
+        )
+        self.max_wait_s = check_seconds("max_wait_s", max_wait_s)
+        if max_batch_size is not None:
+            check_int("max_batch_size", max_batch_size, 1)
+        self.policy = BatchPolicy(max_batch_size=max_batch_size)
+        self._probe = BatchProbe(probe, PEAK_PERIOD_S)
+        self._cost = cost
+        self._clock = clock
+        self._line: Assembly[_Call[T, R]] = Assembly()
+        self._leader: _Call[T, R] | None = None
+        self._arrived = anyio.Event()
+        self._running = 0
+        self._counts = dict.fromkeys(("batches", "items", "splits", "ooms", "failed", "cancelled"), 0)
+        self._waited_s = 0.0
+        self._started = 0
+        self.__name__ = getattr(function, "__name__", "batched")
+        self.__doc__ = getattr(function, "__doc__", None)
+
+    # -- callers --------------------------------------------------------------------------------
+
+    async def __call__(self, item: T) -> R:
+        call: _Call[T, R] = _Call(item)
+        call.entry = Entry(call, self._units_of(item), self._clock())
+        self._line.add(call.entry)
+        if self._leader is None:
+            self._leader = call
+        else:
+            self._arrived.set()  # a leader waiting for its batch to fill looks again
+        try:
+            while not call.done:
+                if self._leader is call:
+                    await self._lead()
+                else:
+                    await call.wake.wait()
+                    call.wake = anyio.Event()
+        finally:
+            if not call.done:
+                self._leave(call)
+        return call.result()
+
+    def _units_of(self, item: T) -> float:
+        if self._cost is None:
+            return 1.0
+        units = self._cost(item)
+        if isinstance(units, bool) or not isinstance(units, int | float) or not math.isfinite(units) or units <= 0:
+            raise ValueError(f"cost(item) must be a finite number > 0, got {units!r} for {item!r}")
+        return float(units)
+
+    def _leave(self, call: _Call[T, R]) -> None:
+        """A caller cancelled before its answer: out of the line (its batch, if one runs, goes on)."""
+        self._counts["cancelled"] += 1
+        if call.entry is not None:
+            self._line.remove(call.entry)
+        if self._leader is call:
+            self._pass_lead()
+
+    def _pass_lead(self) -> None:
+        first = self._line.first()
+        self._leader = None if first is None else first.item
+        if first is not None:
+            first.item.wake.set()
+
+    # -- the leader -----------------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        await self._wait_for_batch()
+        await self._read()
+        limits = self.policy.limits()
+        entries = self._line.take(limits.items, limits.units)
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._execute(entries)
+        finally:
+            for entry in entries:  # whatever went wrong in here, nobody waits for ever
+                entry.item.answer(None, RuntimeError("adaptive_gate.batch: the batch ended without an answer"))
+            self._pass_lead()
+
+    async def _wait_for_batch(self) -> None:
+        while True:
+            limits, now_s = self.policy.limits(), self._clock()
+            if self._line.due(now_s, max_items=limits.items, max_units=limits.units, max_wait_s=self.max_wait_s):
+                return
+            due_s = self._line.due_s(self.max_wait_s)
+            assert due_s is not None  # the leader's own item is in the line
+            self._arrived = anyio.Event()
+            with anyio.move_on_after(due_s - now_s):
+                await self._arrived.wait()
+
+    async def _read(self) -> None:
+        sample = await self._probe.read()
+        if sample is not None:
+            self.policy.reading(self._clock(), sample.used_bytes, sample.total_bytes)
+
+    async def _execute(self, entries: list[Entry[_Call[T, R]]]) -> None:
+        """Run the batch; on an OOM, its halves one after the other, each after a fresh reading."""
+        parts, fresh = [entries], True
+        while parts:
+            part = parts.pop()
+            if not fresh:
+                await self._read()
+            fresh = False
+            halves = await self._run(part)
+            parts.extend(reversed(halves))  # the older half first
+
+    async def _run(self, part: list[Entry[_Call[T, R]]]) -> list[list[Entry[_Call[T, R]]]]:
+        """One call of the function; the halves to retry when it ran out of memory, else []."""
+        units = sum(entry.units for entry in part)
+        started_s = self._clock()
+        self._note_start(part, started_s)
+        watch = self._probe.watch
+        if watch is not None:
+            watch.begin()
+        self._running = len(part)
+        try:
+            results: Any = await self._invoke([entry.item.item for entry in part])
+        except Exception as exc:
+            peak = watch.end() if watch is not None else None
+            self._running = 0
+            oom = is_oom(exc)
+            if oom:
+                self.policy.batch_oom(self._clock(), units=units)
+            if not oom or len(part) == 1:
+                self._counts["ooms"] += oom
+                self._fail(part, exc)  # the whole batch's error, or the OOM of an item too large alone
+                return []
+            del exc, peak  # a live OOM pins the tensors that ran out: let it go before retrying
+            self._counts["splits"] += 1
+            middle = len(part) // 2
+            return [part[:middle], part[middle:]]
+        peak = watch.end() if watch is not None else None
+        self._running = 0
+        latency_s = self._clock() - started_s
+        self.policy.batch_done(self._clock(), items=len(part), units=units, latency_s=latency_s, peak_used_bytes=peak)
+        self._deliver(part, results)
+        return []
+
+    async def _invoke(self, items: list[T]) -> Any:
+        if self.is_async:
+            return await cast(Callable[[list[T]], Awaitable[Sequence[R]]], self.function)(items)
+        return await anyio.to_thread.run_sync(cast(Callable[[list[T]], Sequence[R]], self.function), items)
+
+    def _note_start(self, part: list[Entry[_Call[T, R]]], started_s: float) -> None:
+        for entry in part:
+            if not entry.item.started:
+                entry.item.started = True
+                self._waited_s += started_s - entry.arrived_s
+                self._started += 1
+
+    def _fail(self, part: list[Entry[_Call[T, R]]], error: BaseException) -> None:
+        self._counts["failed"] += len(part)
+        for entry in part:
+            entry.item.answer(None, error)
+
+    def _deliver(self, part: list[Entry[_Call[T, R]]], results: Any) -> None:
+        name = self.__name__
+        if not isinstance(results, Sequence) or isinstance(results, str | bytes):
+            self._fail(part, TypeError(f"{name} returned {type(results).__name__}; a batched function must "
+                                       "return a list with one result per item, in order"))  # fmt: skip
+            return
+        if len(results) != len(part):
+            self._fail(part, TypeError(f"{name} returned {len(results)} results for {len(part)} items; a batched "
+                                       "function must return one result per item, in order"))  # fmt: skip
+            return
+        self._counts["batches"] += 1
+        self._counts["items"] += len(part)
+        for entry, result in zip(part, results, strict=True):
+            if isinstance(result, BaseException):
+                self._counts["failed"] += 1
+                entry.item.answer(None, result)
+            else:
+                entry.item.answer(result, None)
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def statistics(self) -> BatchStatistics:
+        limits = self.policy.limits()
+        counts = self._counts
+        return BatchStatistics(
+            batch_size=self._batch_size(),
+            batch_units=None if math.isinf(limits.units) else round(limits.units, 3),
+            bound=limits.bound,
+            queued=len(self._line),
+            running=self._running,
+            batches=counts["batches"],
+            items=counts["items"],
+            splits=counts["splits"],
+            ooms=counts["ooms"],
+            failed_items=counts["failed"],
+            cancelled=counts["cancelled"],
+            wait_added_s_mean=self._waited_s / self._started if self._started else None,
+            batch_items_mean=counts["items"] / counts["batches"] if counts["batches"] else None,
+            probe=self._probe.description,
+            probe_errors=self._probe.errors,
+            policy=self.policy.describe(),
+        )
+
+    def _batch_size(self) -> int:
+        """Items the next batch may hold: by count, and with unit costs by memory too."""
+        limits = self.policy.limits()
+        if self._cost is None and math.isfinite(limits.units):
+            return min(limits.items, max(1, math.floor(limits.units)))
+        return limits.items
+
+    def capacity(self) -> int:
+        """Items worth admitting at once: the batch that runs and the next one filling."""
+        return 2 * self._batch_size()
+
+    def gate_controller(self) -> BatchCapacity:
+        """A controller for the `AdaptiveGate` in front: its limit is `capacity()`, so batches form."""
+        return BatchCapacity(self)
+
+
+def batch(
+    *,
+    max_wait_s: float = 0.005,
+    max_batch_size: int | None = None,
+    probe: Probe | str | None = "auto",
+    cost: Callable[[Any], float] | None = None,
+) -> Callable[[Callable[[list[Any]], Any]], Batched[Any, Any]]:
+    """Batch calls to `def f(items: list[T]) -> list[R]` (or its `async def`); see the module's docstring."""
+    check_seconds("max_wait_s", max_wait_s)
+    if max_batch_size is not None:
+        check_int("max_batch_size", max_batch_size, 1)
+    if not (probe is None or probe == "auto" or hasattr(probe, "sample")):
+        raise TypeError(f'probe must be "auto", None or an object with sample() -> MemorySample, got {probe!r}')
+    if cost is not None and not callable(cost):
+        raise TypeError(f"cost must be None or a callable (item) -> float, got {cost!r}")
+
+    def decorate(function: Callable[[list[Any]], Any]) -> Batched[Any, Any]:
+        if not callable(function):
+            raise TypeError(f"@batch() decorates a function of a list of items, got {function!r}")
+        return Batched(function, max_wait_s=max_wait_s, max_batch_size=max_batch_size, probe=probe, cost=cost)
+
+    return decorate
