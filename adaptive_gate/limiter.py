@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+
+from ._queue import FairLine, FifoLine, Waiter
 
 __all__ = ["Limiter", "LimiterStatistics", "QueueFull", "QueueTimeout", "Waiter"]
 
@@ -45,21 +46,6 @@ class LimiterStatistics:
     max_queue: int
 
 
-class Waiter:
-    """One place in the line. `granted` turns true when a slot has been handed over."""
-
-    __slots__ = ("granted", "_event")
-
-    def __init__(self) -> None:
-        self.granted = False
-        self._event: anyio.Event | None = None
-
-    def _wake(self) -> None:
-        self.granted = True
-        if self._event is not None:
-            self._event.set()
-
-
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, got {type(limit).__name__}")
@@ -69,7 +55,14 @@ def _check_limit(limit: object) -> int:
 
 
 class Limiter:
-    def __init__(self, limit: int, *, max_queue: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        line: FifoLine | FairLine | None = None,
+    ) -> None:
         self._limit = _check_limit(limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
@@ -80,9 +73,9 @@ class Limiter:
         self._clock = clock
         self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
         self._busy_since_s = clock()
-        # An OrderedDict gives O(1) append, O(1) pop from the front and O(1) removal from the
-        # middle (a waiter that gives up), which a deque cannot do; 10,000 waiters stay cheap.
-        self._waiters: OrderedDict[Waiter, None] = OrderedDict()
+        # Who is served next (`_queue.py`): first come first served unless told otherwise. Each line
+        # appends, pops and removes from the middle (a waiter that gives up) in O(1).
+        self._waiters: FifoLine | FairLine = FifoLine() if line is None else line
 
     @property
     def limit(self) -> int:
@@ -136,21 +129,35 @@ class Limiter:
         self._in_flight = in_flight + 1
         return True
 
-    def join(self) -> Waiter:
-        """Join the back of the line; the slot is handed over later by `release` or a higher limit."""
+    @property
+    def line(self) -> FifoLine | FairLine:
+        return self._waiters
+
+    def join(self, waiter: Waiter | None = None) -> Waiter:
+        """Join the line; the slot is handed over later by `release` or a higher limit, or the line
+        refuses the waiter (`refused`) if it can no longer start by its `latest_start_s`."""
         if len(self._waiters) >= self._max_queue:
             raise QueueFull
-        waiter = Waiter()
-        self._waiters[waiter] = None
+        if waiter is None:
+            waiter = Waiter()
+        self._waiters.push(waiter, self._clock())
         self._hand_over()
         return waiter
 
     def leave(self, waiter: Waiter) -> None:
         """Give up a place in the line, or the slot if it was handed over meanwhile."""
         if waiter.granted:
+            waiter.granted = False  # leaving twice gives the slot back once
             self.release()
         else:
-            self._waiters.pop(waiter, None)
+            self._waiters.remove(waiter)
+            if not self._waiters and self._waiters.delay is not None:
+                self._waiters.delay.drained()
+
+    def evict(self, waiter: Waiter, reason: str) -> None:
+        """Turn a waiter away from its place (to make room for a more important one)."""
+        if self._waiters.remove(waiter):
+            waiter._refuse(reason)
 
     def release(self) -> None:
         if self._in_flight <= 0:
@@ -159,8 +166,15 @@ class Limiter:
         self._hand_over()
 
     def _hand_over(self) -> None:
-        while self._waiters and self._in_flight < self._limit:
-            waiter, _ = self._waiters.popitem(last=False)
+        waiters = self._waiters
+        while waiters and self._in_flight < self._limit:
+            now_s = self._clock()
+            waiter = waiters.pop_next(now_s)
+            if now_s > waiter.latest_start_s:
+                # It could no longer finish before its deadline: the slot goes to the next one
+                # instead of to work whose answer nobody would wait for.
+                waiter._refuse("deadline")
+                continue
             self._set_in_flight(self._in_flight + 1)
             waiter._wake()
 

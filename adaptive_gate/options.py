@@ -12,7 +12,9 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ._admission import OVERLOAD_MODES
 from ._checks import check_int, check_seconds
+from ._classify import check_class_option
 from ._routes import normalise_tag
 
 __all__ = ["HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateOptions"]
@@ -56,6 +58,11 @@ class GateOptions:
     max_buffered_bytes: int = 256 << 20
     body_timeout: float = 30.0
     send_timeout: float = 30.0
+    priority: object = field(default=None, compare=False)
+    tenant: object = field(default=None, compare=False)
+    priority_aging: float = 10.0
+    overload: str = "lifo"
+    queue_target: float | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -81,6 +88,16 @@ class GateOptions:
         put("admin_token", _token(self.admin_token))
         put("unprotected", _unprotected(self.unprotected))
         put("health_paths", _health_paths(self.health_paths))
+        put("priority", check_class_option("priority", self.priority))
+        put("tenant", check_class_option("tenant", self.tenant))
+        put("priority_aging", check_seconds("priority_aging", self.priority_aging, allow_zero=False))
+        if self.overload not in OVERLOAD_MODES:
+            raise ValueError(
+                f"overload must be one of {', '.join(map(repr, OVERLOAD_MODES))} (what a standing queue turns "
+                f"into: newest first, shed at arrival, or nothing); got {self.overload!r}"
+            )
+        if self.queue_target is not None:
+            put("queue_target", check_seconds("queue_target", self.queue_target, allow_zero=False))
 
     @property
     def protected(self) -> frozenset[str]:
@@ -94,8 +111,8 @@ class GateOptions:
             value = getattr(self, option.name)
             if option.name == "admin_token":
                 shown["admin_token_set"] = value is not None
-            elif option.name == "probe":
-                shown["probe"] = value if value is None or isinstance(value, str) else repr(value)
+            elif option.name in ("probe", "priority", "tenant"):
+                shown[option.name] = value if value is None or isinstance(value, str) else repr(value)
             elif option.name == "tag":
                 shown["tag"] = None if value is None else min(value) if len(value) == 1 else sorted(value)
             elif isinstance(value, frozenset):

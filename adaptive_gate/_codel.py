@@ -1,0 +1,60 @@
+"""Controlled delay: telling a queue that absorbs a burst from a queue that only adds waiting.
+
+CoDel's idea (RFC 8289), as Facebook's RPC servers use it ("Fail at Scale", 2015): a good queue
+empties now and then; a bad one holds a standing delay. What each waiter spent in the line (its
+sojourn) is measured when it leaves the line for a slot. When every sojourn has stayed above
+`target_s` for a whole `interval_s`, the queue is declared to stand (`overloaded`), and the line
+serves newest first (adaptive LIFO, as in Netflix's concurrency-limits): under a standing queue a
+FIFO serves everyone late, newest-first serves the fresh on time and lets the stale reach their
+deadline. The line goes back to first come, first served once it drains (it empties).
+
+The gate derives the target from its routes' service time (a waiter that waited longer than one
+request's work is waiting on a queue, not on a burst) unless the `queue_target` option fixes it.
+Like the rest of the core, it reads no clock: the time comes with every event.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ControlledDelay"]
+
+MIN_TARGET_S = 0.005  # RFC 8289's default target: below it a delay is noise
+INTERVAL_TARGETS = 10  # the interval, in targets (RFC 8289: 100 ms for 5 ms)
+MIN_INTERVAL_S = 0.05
+
+
+class ControlledDelay:
+    """Whether the queue stands: `overloaded`, fed with each waiter's sojourn when it leaves the line."""
+
+    __slots__ = ("target_s", "overloaded", "_above_since_s", "episodes")
+
+    def __init__(self, target_s: float = MIN_TARGET_S) -> None:
+        self.target_s = max(MIN_TARGET_S, target_s)
+        self.overloaded = False
+        self._above_since_s: float | None = None
+        self.episodes = 0  # how many times the queue was found standing: for the status
+
+    @property
+    def interval_s(self) -> float:
+        return max(MIN_INTERVAL_S, INTERVAL_TARGETS * self.target_s)
+
+    def set_target(self, target_s: float) -> None:
+        self.target_s = max(MIN_TARGET_S, target_s)
+
+    def dequeued(self, sojourn_s: float, now_s: float, *, empty: bool) -> None:
+        """A waiter left the line for a slot after `sojourn_s`; `empty`: nobody waits behind it."""
+        if empty:
+            self.drained()
+            return
+        if sojourn_s < self.target_s:
+            self._above_since_s = None  # a good queue: it has just been short
+            return
+        if self._above_since_s is None:
+            self._above_since_s = now_s
+        elif not self.overloaded and now_s - self._above_since_s >= self.interval_s:
+            self.overloaded = True
+            self.episodes += 1
+
+    def drained(self) -> None:
+        """The line emptied: whatever stood has gone, first come first served again."""
+        self.overloaded = False
+        self._above_since_s = None
