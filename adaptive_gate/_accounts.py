@@ -33,7 +33,7 @@ OTHER = "other"
 NO_TENANT = "(none)"  # requests that named no tenant: one tenant of their own
 MAX_ROUTES = 1024
 SMOOTHING = 0.1  # weight of the newest service time in the moving mean and deviation
-DEVIATIONS = 2.0  # expected service = mean + DEVIATIONS x mean deviation: late answers are waste
+DEVIATIONS = 4.0  # expected service = mean + 4 mean deviations, as RFC 6298's retransmission timeout
 
 
 @dataclass
@@ -118,7 +118,8 @@ class ClassCounts:
 class ServiceEstimates:
     """How long a request of each route takes: a moving mean and mean deviation (as TCP estimates
     a round trip), so one slow answer moves the estimate a little and a changed route moves it soon.
-    The expectation is the mean plus `DEVIATIONS` deviations: admitting work that then answers
+    The expectation is the mean plus `DEVIATIONS` deviations (RFC 6298 sets a retransmission
+    timeout the same way, and for the same reason: it must rarely be exceeded): admitting work that then answers
     after the client left wastes a slot twice (its own, and the one who could have used it)."""
 
     def __init__(self) -> None:

@@ -10,8 +10,10 @@ When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate 
 
 - "lifo" (the default): serve newest first until the line drains (adaptive LIFO);
 - "shed": stay first come first served, but turn away at arrival whoever would wait longer than
-  the controller's interval, and let nobody new wait longer than that;
-- "off": neither; a FIFO line bounded by deadlines alone.
+  the controller's interval;
+- in both, while it stands nobody waits longer than the interval (given up when its turn comes,
+  or when the interval has passed);
+- "off": none of this; a FIFO line bounded by deadlines alone.
 
 `benchmarks/overload.py` compares the three; the README has its table.
 """
@@ -46,11 +48,12 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
     wait_s = core.expected_wait_s(line.ahead_of(priority))
     if wait_s is not None and wait_s > budget_s:
         return "deadline"
-    if delay is not None and delay.overloaded and core.overload == "shed":
-        fifo_wait_s = core.expected_wait_s(len(line))
-        if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
-            return "overload"
-        budget_s = min(budget_s, delay.interval_s)
+    if delay is not None and delay.overloaded:
+        if core.overload == "shed":
+            fifo_wait_s = core.expected_wait_s(len(line))
+            if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
+                return "overload"
+        budget_s = min(budget_s, delay.interval_s)  # nobody waits longer than that while it stands
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:

@@ -6,7 +6,9 @@ sojourn) is measured when it leaves the line for a slot. When every sojourn has 
 `target_s` for a whole `interval_s`, the queue is declared to stand (`overloaded`), and the line
 serves newest first (adaptive LIFO, as in Netflix's concurrency-limits): under a standing queue a
 FIFO serves everyone late, newest-first serves the fresh on time and lets the stale reach their
-deadline. The line goes back to first come, first served once it drains (it empties).
+deadline. While it stands, nobody may wait longer than one interval (`stale`): Facebook's servers
+cut the queue timeout the same way, so the successes stay fresh whatever the order. The line goes
+back to first come, first served once it drains (it empties).
 
 The gate derives the target from its routes' service time (a waiter that waited longer than one
 request's work is waiting on a queue, not on a burst) unless the `queue_target` option fixes it.
@@ -18,7 +20,9 @@ from __future__ import annotations
 __all__ = ["ControlledDelay"]
 
 MIN_TARGET_S = 0.005  # RFC 8289's default target: below it a delay is noise
-INTERVAL_TARGETS = 10  # the interval, in targets (RFC 8289: 100 ms for 5 ms)
+# The interval, in targets. RFC 8289 has 100 ms for 5 ms, because its target is tiny beside a
+# round trip; ours is a whole service time, and four of them standing is a queue, not a burst.
+INTERVAL_TARGETS = 4
 MIN_INTERVAL_S = 0.05
 
 
@@ -53,6 +57,10 @@ class ControlledDelay:
         elif not self.overloaded and now_s - self._above_since_s >= self.interval_s:
             self.overloaded = True
             self.episodes += 1
+
+    def stale(self, sojourn_s: float) -> bool:
+        """Whether a waiter that waited `sojourn_s` should be given up rather than served now."""
+        return self.overloaded and sojourn_s > self.interval_s
 
     def drained(self) -> None:
         """The line emptied: whatever stood has gone, first come first served again."""
