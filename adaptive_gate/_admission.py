@@ -45,7 +45,7 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
         if mean_s is not None:
             delay.set_target(mean_s)
     budget_s = timeout_s - service_s  # the longest it may wait and still finish in time
-    wait_s = core.expected_wait_s(line.ahead_of(priority))
+    wait_s = core.expected_wait_s(line.ahead_of(priority, tenant))
     if wait_s is not None and wait_s > budget_s:
         return "deadline"
     if delay is not None and delay.overloaded:
@@ -53,7 +53,8 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
             fifo_wait_s = core.expected_wait_s(len(line))
             if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
                 return "overload"
-        budget_s = min(budget_s, delay.interval_s)  # nobody waits longer than that while it stands
+        # Nobody waits longer than that while it stands (a tenant's turn: that many times longer).
+        budget_s = min(budget_s, delay.interval_s * line.turns(priority))
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:

@@ -78,11 +78,19 @@ class FifoLine(OrderedDict[Waiter, None]):
     def remove(self, waiter: Waiter) -> bool:
         return self.pop(waiter, 0) is None
 
+    def stale(self, waiter: Waiter, now_s: float) -> bool:
+        """Whether the waiter just popped went stale in a standing queue (see `ControlledDelay`)."""
+        return self.delay is not None and self.delay.stale(now_s - waiter.enqueued_s)
+
+    def turns(self, priority: int) -> int:
+        """How many take turns with a newcomer: nobody, in a single line."""
+        return 1
+
     def evictable(self, priority: int) -> Waiter | None:
         """FIFO has no priorities: nobody makes room for anybody."""
         return None
 
-    def ahead_of(self, priority: int) -> int:
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
         """How many would be served before a newcomer (newest first: nobody)."""
         return 0 if self.delay is not None and self.delay.overloaded else len(self)
 
@@ -128,6 +136,7 @@ class FairLine:
         self.delay = delay
         self._levels: dict[int, _Level] = {}  # only levels with somebody waiting
         self._size = 0
+        self._last_turns = 1  # tenants that took turns at the level of the last waiter popped
 
     def __len__(self) -> int:
         return self._size
@@ -153,13 +162,32 @@ class FairLine:
         priority = self._level_to_serve(now_s)
         level = self._levels[priority]
         delay = self.delay
-        waiter = level.pop(newest=delay is not None and delay.overloaded)
+        turns = self._last_turns = len(level.tenants)
+        newest = False
+        if delay is not None and delay.overloaded:
+            # Newest first only within a tenant whose own line stands (its oldest waited longer than
+            # its turns take): a light tenant's second request is not sacrificed to its third.
+            oldest = next(iter(next(iter(level.tenants.values()))))
+            newest = now_s - oldest.enqueued_s > delay.interval_s * turns
+        waiter = level.pop(newest)
         if not level.arrivals:
             del self._levels[priority]
         self._size -= 1
         if delay is not None:
             delay.dequeued(now_s - waiter.enqueued_s, now_s, empty=self._size == 0)
         return waiter
+
+    def stale(self, waiter: Waiter, now_s: float) -> bool:
+        """Whether the waiter just popped went stale in a standing queue. With tenants in turn, a
+        tenant's next turn comes only after the others' (fair queuing is waiting by design): the
+        allowance grows with the tenants that shared its level, as FQ-CoDel keeps a delay per flow."""
+        delay = self.delay
+        return delay is not None and delay.stale((now_s - waiter.enqueued_s) / self._last_turns)
+
+    def turns(self, priority: int) -> int:
+        """How many tenants take turns at `priority`: a newcomer's wait grows with them."""
+        level = self._levels.get(priority)
+        return 1 if level is None else max(1, len(level.tenants))
 
     def _level_to_serve(self, now_s: float) -> int:
         """The level whose oldest waiter has the highest aged priority; ties go to the higher level."""
@@ -192,8 +220,15 @@ class FairLine:
             return None
         return next(reversed(self._levels[lowest].arrivals))
 
-    def ahead_of(self, priority: int) -> int:
-        """How many would be served before a newcomer of `priority` (ignoring aging: an estimate)."""
-        if self.delay is not None and self.delay.overloaded:
-            return sum(len(level.arrivals) for p, level in self._levels.items() if p > priority)
-        return sum(len(level.arrivals) for p, level in self._levels.items() if p >= priority)
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """How many would be served before a newcomer of `priority` and `tenant` (an estimate:
+        aging aside): everyone above, and at its own level its tenant's line (none of it while
+        newest first) and, of every other tenant, as many turns as its own tenant takes."""
+        ahead = sum(len(level.arrivals) for p, level in self._levels.items() if p > priority)
+        level = self._levels.get(priority)
+        if level is None:
+            return ahead
+        own_line = level.tenants.get(tenant)
+        own = 0 if own_line is None or (self.delay is not None and self.delay.overloaded) else len(own_line)
+        others = sum(min(len(line), own + 1) for name, line in level.tenants.items() if name != tenant)
+        return ahead + own + others

@@ -64,7 +64,8 @@ async def replay(events: list[tuple[float, str, int, object]], controller: AIMD)
         await send({"type": "http.response.body", "body": b"ok"})
 
     clock = FakeClock()
-    gate = AdaptiveGate(app, tag=None, probe=None, controller=controller, clock=clock, max_queue=128)
+    # The simulator's core runs without the controlled delay (overload="off"); so must this one.
+    gate = AdaptiveGate(app, tag=None, probe=None, controller=controller, clock=clock, max_queue=128, overload="off")
     changes: list[tuple[float, int, int, str]] = []
 
     def changed(change: LimitChange) -> None:
