@@ -123,26 +123,26 @@ class ServiceEstimates:
     after the client left wastes a slot twice (its own, and the one who could have used it)."""
 
     def __init__(self) -> None:
-        self._by_route: dict[object, tuple[float, float]] = {}
+        self._by_route: dict[object, list[float]] = {}  # [mean, deviation], updated in place
+        # The answer, kept ready: every request asks it (one dict lookup on the admission path).
+        self.expected_by_route: dict[object, float] = {}
 
     def add(self, route: object, service_s: float) -> None:
         estimate = self._by_route.get(route)
         if estimate is None:
             if len(self._by_route) >= MAX_ROUTES:
-                self._by_route.pop(next(iter(self._by_route)))
-            self._by_route[route] = (service_s, service_s / 2)
-            return
-        mean_s, deviation_s = estimate
-        deviation_s += SMOOTHING * (abs(service_s - mean_s) - deviation_s)
-        mean_s += SMOOTHING * (service_s - mean_s)
-        self._by_route[route] = (mean_s, deviation_s)
+                oldest = next(iter(self._by_route))
+                del self._by_route[oldest], self.expected_by_route[oldest]
+            estimate = self._by_route[route] = [service_s, service_s / 2]  # RFC 6298's first estimate
+        else:
+            mean_s, deviation_s = estimate
+            estimate[1] = deviation_s + SMOOTHING * (abs(service_s - mean_s) - deviation_s)
+            estimate[0] = mean_s + SMOOTHING * (service_s - mean_s)
+        self.expected_by_route[route] = estimate[0] + DEVIATIONS * estimate[1]
 
     def expected_s(self, route: object) -> float | None:
         """The service time to plan with for `route`; None before it has finished once."""
-        estimate = self._by_route.get(route)
-        if estimate is None:
-            return None
-        return estimate[0] + DEVIATIONS * estimate[1]
+        return self.expected_by_route.get(route)
 
     def mean_s(self) -> float | None:
         """The mean over routes: the queue's delay target is derived from it."""

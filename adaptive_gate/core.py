@@ -124,6 +124,7 @@ class GateCore:
         self.queue_target_s = queue_target_s
         self.classes = ClassCounts() if classes else None
         self.services = ServiceEstimates()
+        self._expected_by_route = self.services.expected_by_route
         self.drain = DrainRate()
         self._clock = clock
         self.operator: OperatorBounds | None = None
@@ -153,7 +154,7 @@ class GateCore:
         on later is `refused` ("deadline": it could no longer finish in time; "evicted")."""
         if self.classes is not None:
             self.classes.arrived(priority, tenant)
-        service_s = self.services.expected_s(route)
+        service_s = self._expected_by_route.get(route)
         if service_s is not None and service_s > timeout_s:
             return "deadline"
         if self.limiter.try_acquire():

@@ -1,9 +1,11 @@
-"""A concurrency limiter whose limit may change at any moment, with a bounded FIFO queue.
+"""A concurrency limiter whose limit may change at any moment, with a bounded queue.
 
 Think of it as a counter of slots in use (`in_flight`) and a line of people waiting for one
 (`queued`). Whoever arrives while a slot is free and nobody is waiting walks straight in. Everyone
-else joins the back of the line. When a slot comes back it is handed directly to the person at the
-front of the line, so a newcomer can never overtake somebody who waited. Raising the limit lets the
+else joins the line. When a slot comes back it is handed directly to the person the line puts
+first (`_queue.py`: the front, unless priorities, tenants or a standing queue say otherwise), so a
+newcomer can never take a slot from somebody who waits. A waiter whose latest start has passed
+when its turn comes is refused (`Waiter.refused`) and the slot goes on to the next. Raising the limit lets the
 front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
 is released, and no new one is handed out until `in_flight` is below the new limit.
 
