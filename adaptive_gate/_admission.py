@@ -11,8 +11,8 @@ When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate 
 - "lifo" (the default): serve newest first until the line drains (adaptive LIFO);
 - "shed": stay first come first served, but turn away at arrival whoever would wait longer than
   the controller's interval;
-- in both, while it stands nobody waits longer than the interval (given up when its turn comes,
-  or when the interval has passed);
+- in both, while it stands nobody waits longer than half its deadline less its work (or the
+  interval, if longer): given up when its turn comes after that, or when that time has passed;
 - "off": none of this; a FIFO line bounded by deadlines alone.
 
 `benchmarks/overload.py` compares the three; the README has its table.
@@ -20,6 +20,7 @@ When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -48,19 +49,23 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
     wait_s = core.expected_wait_s(line.ahead_of(priority, tenant))
     if wait_s is not None and wait_s > budget_s:
         return "deadline"
-    if delay is not None and delay.overloaded:
-        if core.overload == "shed":
-            fifo_wait_s = core.expected_wait_s(len(line))
-            if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
-                return "overload"
-        # Nobody waits longer than that while it stands (a tenant's turn: that many times longer).
-        budget_s = min(budget_s, delay.interval_s * line.turns(priority))
+    patience_s = math.inf
+    if delay is not None:
+        # While the queue stands, an answer should come within half the deadline: a success, not
+        # a near miss. A tenant's turn among N takes N intervals, so never less than that.
+        patience_s = max(delay.interval_s * line.turns(priority), timeout_s / 2 - service_s)
+        if delay.overloaded:
+            if core.overload == "shed":
+                fifo_wait_s = core.expected_wait_s(len(line))
+                if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
+                    return "overload"
+            budget_s = min(budget_s, patience_s)
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:
             return "queue_full"
         limiter.evict(victim, "evicted")
-    return limiter.join(Waiter(priority, tenant, core._clock() + budget_s))
+    return limiter.join(Waiter(priority, tenant, core._clock() + budget_s, patience_s))
 
 
 class DrainRate:

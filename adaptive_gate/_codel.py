@@ -6,9 +6,10 @@ sojourn) is measured when it leaves the line for a slot. When every sojourn has 
 `target_s` for a whole `interval_s`, the queue is declared to stand (`overloaded`), and the line
 serves newest first (adaptive LIFO, as in Netflix's concurrency-limits): under a standing queue a
 FIFO serves everyone late, newest-first serves the fresh on time and lets the stale reach their
-deadline. While it stands, nobody may wait longer than one interval (`stale`): Facebook's servers
-cut the queue timeout the same way, so the successes stay fresh whatever the order. The line goes
-back to first come, first served once it drains (it empties).
+deadline. While it stands, nobody waits longer than its patience (`Waiter.patience_s`: half its
+deadline less its work, or the interval if that is longer): Facebook's servers cut the queue
+timeout the same way, so the successes stay fresh whatever the order. The line goes back to first
+come, first served once it drains (it empties).
 
 The gate derives the target from its routes' service time (a waiter that waited longer than one
 request's work is waiting on a queue, not on a burst) unless the `queue_target` option fixes it.
@@ -57,10 +58,6 @@ class ControlledDelay:
         elif not self.overloaded and now_s - self._above_since_s >= self.interval_s:
             self.overloaded = True
             self.episodes += 1
-
-    def stale(self, sojourn_s: float) -> bool:
-        """Whether a waiter that waited `sojourn_s` should be given up rather than served now."""
-        return self.overloaded and sojourn_s > self.interval_s
 
     def drained(self) -> None:
         """The line emptied: whatever stood has gone, first come first served again."""

@@ -32,11 +32,18 @@ __all__ = ["FairLine", "FifoLine", "Waiter"]
 class Waiter:
     """One place in the line. `granted` turns true when a slot has been handed over; `refused`
     holds the reason when the line gave up on it instead ("deadline": it could no longer finish in
-    time when its turn came; "evicted": a more important request took its place)."""
+    time when its turn came, or it waited longer than its `patience_s` while the queue stood;
+    "evicted": a more important request took its place)."""
 
-    __slots__ = ("granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s")
+    __slots__ = ("granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "patience_s")
 
-    def __init__(self, priority: int = 0, tenant: str | None = None, latest_start_s: float = math.inf) -> None:
+    def __init__(
+        self,
+        priority: int = 0,
+        tenant: str | None = None,
+        latest_start_s: float = math.inf,
+        patience_s: float = math.inf,
+    ) -> None:
         self.granted = False
         self.refused: str | None = None
         self._event: anyio.Event | None = None
@@ -44,6 +51,7 @@ class Waiter:
         self.tenant = tenant
         self.enqueued_s = 0.0
         self.latest_start_s = latest_start_s
+        self.patience_s = patience_s
 
     def _wake(self) -> None:
         self.granted = True
@@ -77,10 +85,6 @@ class FifoLine(OrderedDict[Waiter, None]):
 
     def remove(self, waiter: Waiter) -> bool:
         return self.pop(waiter, 0) is None
-
-    def stale(self, waiter: Waiter, now_s: float) -> bool:
-        """Whether the waiter just popped went stale in a standing queue (see `ControlledDelay`)."""
-        return self.delay is not None and self.delay.stale(now_s - waiter.enqueued_s)
 
     def turns(self, priority: int) -> int:
         """How many take turns with a newcomer: nobody, in a single line."""
@@ -136,7 +140,6 @@ class FairLine:
         self.delay = delay
         self._levels: dict[int, _Level] = {}  # only levels with somebody waiting
         self._size = 0
-        self._last_turns = 1  # tenants that took turns at the level of the last waiter popped
 
     def __len__(self) -> int:
         return self._size
@@ -162,7 +165,7 @@ class FairLine:
         priority = self._level_to_serve(now_s)
         level = self._levels[priority]
         delay = self.delay
-        turns = self._last_turns = len(level.tenants)
+        turns = len(level.tenants)
         newest = False
         if delay is not None and delay.overloaded:
             # Newest first only within a tenant whose own line stands (its oldest waited longer than
@@ -176,13 +179,6 @@ class FairLine:
         if delay is not None:
             delay.dequeued(now_s - waiter.enqueued_s, now_s, empty=self._size == 0)
         return waiter
-
-    def stale(self, waiter: Waiter, now_s: float) -> bool:
-        """Whether the waiter just popped went stale in a standing queue. With tenants in turn, a
-        tenant's next turn comes only after the others' (fair queuing is waiting by design): the
-        allowance grows with the tenants that shared its level, as FQ-CoDel keeps a delay per flow."""
-        delay = self.delay
-        return delay is not None and delay.stale((now_s - waiter.enqueued_s) / self._last_turns)
 
     def turns(self, priority: int) -> int:
         """How many tenants take turns at `priority`: a newcomer's wait grows with them."""

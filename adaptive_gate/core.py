@@ -99,14 +99,13 @@ class GateCore:
         seed: int | None = None,
         classes: bool = False,
         priority_aging_s: float = 10.0,
-        overload: str = "off",
+        overload: str = "lifo",
         queue_target_s: float | None = None,
     ) -> None:
         """The middleware and the simulator build it alike; `controller` is bound to the bounds here.
 
         `classes`: requests carry priorities and tenants (a fair line, counts per class);
-        `overload`: what a standing queue turns into ("lifo", "shed" or "off", see `_admission`; "off"
-        here, so that the simulator's scenarios keep their figures; the middleware's default is "lifo");
+        `overload`: what a standing queue turns into ("lifo", "shed" or "off", see `_admission`);
         `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
         if overload not in OVERLOAD_MODES:
             raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")

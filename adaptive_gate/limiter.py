@@ -169,10 +169,12 @@ class Limiter:
 
     def _hand_over(self) -> None:
         waiters = self._waiters
+        delay = waiters.delay
         while waiters and self._in_flight < self._limit:
             now_s = self._clock()
             waiter = waiters.pop_next(now_s)
-            if now_s > waiter.latest_start_s or waiters.stale(waiter, now_s):
+            standing = delay is not None and delay.overloaded
+            if now_s > waiter.latest_start_s or (standing and now_s - waiter.enqueued_s > waiter.patience_s):
                 # It could no longer finish before its deadline, or it went stale in a standing
                 # queue: the slot goes to the next one, not to an answer that comes too late.
                 waiter._refuse("deadline")

@@ -64,8 +64,7 @@ async def replay(events: list[tuple[float, str, int, object]], controller: AIMD)
         await send({"type": "http.response.body", "body": b"ok"})
 
     clock = FakeClock()
-    # The simulator's core runs without the controlled delay (overload="off"); so must this one.
-    gate = AdaptiveGate(app, tag=None, probe=None, controller=controller, clock=clock, max_queue=128, overload="off")
+    gate = AdaptiveGate(app, tag=None, probe=None, controller=controller, clock=clock, max_queue=128)
     changes: list[tuple[float, int, int, str]] = []
 
     def changed(change: LimitChange) -> None:
