@@ -13,6 +13,7 @@ When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate 
   the controller's interval;
 - in both, while it stands nobody waits longer than half its deadline less its work (or the
   interval, if longer): given up when its turn comes after that, or when that time has passed;
+  newest first also answers at once whoever is buried deeper than the slots can serve in that time;
 - "off": none of this; a FIFO line bounded by deadlines alone.
 
 `benchmarks/overload.py` compares the three; the README has its table.
@@ -59,6 +60,8 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
                 fifo_wait_s = core.expected_wait_s(len(line))
                 if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
                     return "overload"
+            else:
+                answer_the_buried(core, patience_s, priority)
             budget_s = min(budget_s, patience_s)
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
@@ -66,6 +69,24 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
             return "queue_full"
         limiter.evict(victim, "evicted")
     return limiter.join(Waiter(priority, tenant, core._clock() + budget_s, patience_s))
+
+
+def answer_the_buried(core: GateCore, patience_s: float, priority: int) -> None:
+    """Newest first under a standing queue: whoever is deeper than the slots can serve within
+    their patience will only be served if the arrivals stop, and will wait their whole patience
+    for that. Answer them now (`503 deadline`, the oldest first), so their clients can go elsewhere
+    at once, and the line stays as deep as it is useful."""
+    mean_s = core.service_s.mean()
+    if not mean_s:
+        return
+    limiter = core.limiter
+    line = limiter.line
+    depth = max(1, int(patience_s * limiter.limit / mean_s))
+    while len(line) >= depth:
+        buried = line.oldest(priority)
+        if buried is None:
+            return
+        limiter.evict(buried, "deadline")
 
 
 class DrainRate:

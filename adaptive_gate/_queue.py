@@ -90,6 +90,10 @@ class FifoLine(OrderedDict[Waiter, None]):
         """How many take turns with a newcomer: nobody, in a single line."""
         return 1
 
+    def oldest(self, priority: int) -> Waiter | None:
+        """The waiter newest first would serve last: the one to answer first when the line is too deep."""
+        return next(iter(self), None)
+
     def evictable(self, priority: int) -> Waiter | None:
         """FIFO has no priorities: nobody makes room for anybody."""
         return None
@@ -184,6 +188,13 @@ class FairLine:
         """How many tenants take turns at `priority`: a newcomer's wait grows with them."""
         level = self._levels.get(priority)
         return 1 if level is None else max(1, len(level.tenants))
+
+    def oldest(self, priority: int) -> Waiter | None:
+        """The oldest of the lowest level, when that level is not above `priority`."""
+        if not self._levels:
+            return None
+        lowest = min(self._levels)
+        return None if lowest > priority else next(iter(self._levels[lowest].arrivals))
 
     def _level_to_serve(self, now_s: float) -> int:
         """The level whose oldest waiter has the highest aged priority; ties go to the higher level."""

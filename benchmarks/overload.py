@@ -54,6 +54,7 @@ class FlowResult:
     on_time: int = 0
     late: int = 0
     rejected: int = 0
+    rejected_after_s: float = 0.0  # summed: how long the turned away waited for their 503
     latencies_s: list[float] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)
 
@@ -155,6 +156,7 @@ class Replay:
         flow = self.flows[request.flow]
         self.core.rejected(reason, timed_out=timed_out, priority=flow.priority, tenant=flow.tenant)
         self.results[request.flow].rejected += 1
+        self.results[request.flow].rejected_after_s += self.now_s - request.arrived_s
 
     def collect(self) -> None:
         """Start the waiters the line granted a slot, answer those it refused."""
@@ -181,7 +183,9 @@ def overload_rows(duration_s: float, seed: int) -> list[dict[str, object]]:
                 "load": f"{factor}x", "overload": mode,
                 "goodput_vs_capacity": round(result.on_time / duration_s / capacity, 3),
                 "p99_ms": p99_ms, "p99_vs_deadline": round(p99_ms / 1000 / DEADLINE_S, 3),
-                "late": result.late, "rejected": result.rejected, "offered": result.offered,
+                "late": result.late, "rejected": result.rejected,
+                "503_after_ms": round(1000 * result.rejected_after_s / max(1, result.rejected), 1),
+                "offered": result.offered,
             })  # fmt: skip
     return rows
 

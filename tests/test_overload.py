@@ -104,6 +104,22 @@ def test_newest_first_keeps_the_successes_fresh() -> None:
     assert lifo_slow <= 0.01 * len(lifo.latencies_s) < fifo_slow
 
 
+def test_newest_first_answers_the_buried_at_once() -> None:
+    now = [0.0]
+    core = core_at(now)
+    for _ in range(30):
+        serve_one(core, now)
+    assert core.arrive(10.0, route="r") is ADMITTED
+    assert core.delay is not None
+    core.delay.overloaded = True  # the queue stands (how it gets there: tests/test_queue.py)
+    # Patience: half the 10 s deadline less ~1 s of work, so ~4 s: four 1 s requests on one slot.
+    waiters = [core.arrive(10.0, route="r") for _ in range(10)]
+    assert all(isinstance(w, Waiter) for w in waiters)
+    assert core.limiter.queued == 4
+    assert [w.refused for w in waiters[:6]] == ["deadline"] * 6  # the oldest, answered at once
+    assert all(w.refused is None for w in waiters[6:])  # type: ignore[union-attr]
+
+
 # -- priorities -----------------------------------------------------------------------------------
 
 
