@@ -33,7 +33,9 @@ OTHER = "other"
 NO_TENANT = "(none)"  # requests that named no tenant: one tenant of their own
 MAX_ROUTES = 1024
 SMOOTHING = 0.1  # weight of the newest service time in the moving mean and deviation
-DEVIATIONS = 4.0  # expected service = mean + 4 mean deviations, as RFC 6298's retransmission timeout
+DEVIATIONS = 3.0  # the service time planned for: mean + 3 mean deviations
+PROBE_EVERY_S = 1.0  # a route whose mean is past the deadlines is still tried this often (or once per mean)
+PROBE_MIN_FRACTION = 0.5  # ... by a request whose deadline is at least this share of the mean
 
 
 @dataclass
@@ -117,35 +119,56 @@ class ClassCounts:
 
 class ServiceEstimates:
     """How long a request of each route takes: a moving mean and mean deviation (as TCP estimates
-    a round trip), so one slow answer moves the estimate a little and a changed route moves it soon.
-    The expectation is the mean plus `DEVIATIONS` deviations (RFC 6298 sets a retransmission
-    timeout the same way, and for the same reason: it must rarely be exceeded): admitting work that then answers
-    after the client left wastes a slot twice (its own, and the one who could have used it)."""
+    a round trip, RFC 6298), so one slow answer moves the estimate a little and a changed route
+    moves it soon.
+
+    Two figures come out. The mean is what a request is expected to take: one whose whole deadline
+    is shorter is turned away even with a slot free. The plan (mean + `DEVIATIONS` deviations, as
+    a retransmission timeout is set, because it must rarely be exceeded) is what a waiter must
+    still have left when its turn comes: admitting work that answers after the client left wastes a
+    slot twice (its own, and the one who could have used it).
+
+    An estimate only moves with answers, so one that says "longer than any deadline" would turn
+    the route away for ever (one slow warm-up would do it). `may_probe` lets a request through now
+    and then to measure again.
+    """
 
     def __init__(self) -> None:
-        self._by_route: dict[object, list[float]] = {}  # [mean, deviation], updated in place
-        # The answer, kept ready: every request asks it (one dict lookup on the admission path).
-        self.expected_by_route: dict[object, float] = {}
+        self._by_route: dict[object, list[float]] = {}  # [mean, deviation, last answer or probe]
+        # The mean, kept ready: every request asks it (one dict lookup on the admission path).
+        self.mean_by_route: dict[object, float] = {}
 
-    def add(self, route: object, service_s: float) -> None:
+    def add(self, route: object, service_s: float, now_s: float) -> None:
         estimate = self._by_route.get(route)
         if estimate is None:
             if len(self._by_route) >= MAX_ROUTES:
                 oldest = next(iter(self._by_route))
-                del self._by_route[oldest], self.expected_by_route[oldest]
-            estimate = self._by_route[route] = [service_s, service_s / 2]  # RFC 6298's first estimate
+                del self._by_route[oldest], self.mean_by_route[oldest]
+            estimate = self._by_route[route] = [service_s, service_s / 2, now_s]  # RFC 6298's first estimate
         else:
-            mean_s, deviation_s = estimate
+            mean_s, deviation_s, _ = estimate
             estimate[1] = deviation_s + SMOOTHING * (abs(service_s - mean_s) - deviation_s)
             estimate[0] = mean_s + SMOOTHING * (service_s - mean_s)
-        self.expected_by_route[route] = estimate[0] + DEVIATIONS * estimate[1]
+            estimate[2] = now_s
+        self.mean_by_route[route] = estimate[0]
 
-    def expected_s(self, route: object) -> float | None:
-        """The service time to plan with for `route`; None before it has finished once."""
-        return self.expected_by_route.get(route)
+    def planned_s(self, route: object) -> float | None:
+        """The service time a waiter of `route` must have left; None before it has finished once."""
+        estimate = self._by_route.get(route)
+        return None if estimate is None else estimate[0] + DEVIATIONS * estimate[1]
+
+    def may_probe(self, route: object, timeout_s: float, now_s: float) -> bool:
+        """Whether a request of `route` whose deadline is shorter than the mean may run anyway, to
+        measure the route again: once per `PROBE_EVERY_S` (or per mean) without an answer."""
+        estimate = self._by_route[route]
+        mean_s = estimate[0]
+        if timeout_s < PROBE_MIN_FRACTION * mean_s or now_s - estimate[2] < max(PROBE_EVERY_S, mean_s):
+            return False
+        estimate[2] = now_s
+        return True
 
     def mean_s(self) -> float | None:
         """The mean over routes: the queue's delay target is derived from it."""
         if not self._by_route:
             return None
-        return sum(mean_s for mean_s, _ in self._by_route.values()) / len(self._by_route)
+        return sum(self.mean_by_route.values()) / len(self.mean_by_route)

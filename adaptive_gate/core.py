@@ -123,7 +123,7 @@ class GateCore:
         self.queue_target_s = queue_target_s
         self.classes = ClassCounts() if classes else None
         self.services = ServiceEstimates()
-        self._expected_by_route = self.services.expected_by_route
+        self._mean_by_route = self.services.mean_by_route
         self.drain = DrainRate()
         self._clock = clock
         self.operator: OperatorBounds | None = None
@@ -153,12 +153,12 @@ class GateCore:
         on later is `refused` ("deadline": it could no longer finish in time; "evicted")."""
         if self.classes is not None:
             self.classes.arrived(priority, tenant)
-        service_s = self._expected_by_route.get(route)
-        if service_s is not None and service_s > timeout_s:
+        mean_s = self._mean_by_route.get(route)
+        if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, self._clock()):
             return "deadline"
         if self.limiter.try_acquire():
             return ADMITTED
-        return queue_up(self, timeout_s, service_s or 0.0, priority, tenant)
+        return queue_up(self, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant)
 
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
@@ -198,7 +198,7 @@ class GateCore:
         concurrency = (busy_area - ticket.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
         self.counters.completed += 1
         self.service_s.add(latency_s)
-        self.services.add(ticket.route, latency_s)
+        self.services.add(ticket.route, latency_s, now_s)
         self.service_histogram.observe(latency_s)
         demand = limiter.queued > 0 or in_flight >= limiter.limit
         if self.operator is not None and self.controller.limit >= self.operator.max_limit:

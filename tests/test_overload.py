@@ -54,6 +54,18 @@ def test_no_time_for_the_work_is_turned_away_even_with_a_free_slot() -> None:
     assert core.arrive(30.0, route="r") is ADMITTED
 
 
+def test_a_route_slower_than_every_deadline_is_still_tried_now_and_then() -> None:
+    """One slow answer (a warm-up) must not turn the route away for ever: it is measured again."""
+    now = [0.0]
+    core = core_at(now, limit=2)
+    serve_one(core, now, service_s=40.0)
+    assert core.arrive(30.0, route="r") == "deadline"
+    now[0] += 41.0  # no answer for longer than the mean: one request may run, to measure again
+    assert core.arrive(30.0, route="r") is ADMITTED
+    assert core.arrive(30.0, route="r") == "deadline"  # one probe at a time
+    assert core.arrive(30.0, route="other") is ADMITTED  # other routes were never affected
+
+
 def test_expected_wait_and_work_past_the_deadline_is_turned_away_at_once() -> None:
     now = [0.0]
     core = core_at(now, overload="off")
