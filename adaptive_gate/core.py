@@ -222,11 +222,17 @@ class GateCore:
             self._apply_limit(now_s)
         return alone
 
-    def rejected(self, reason: str, *, timed_out: bool = False, priority: int = 0, tenant: str | None = None) -> int:
+    def rejected(
+        self, reason: str, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
+    ) -> int:
         """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
-        `timed_out`: it waited in the queue until its deadline."""
+        `timed_out`: it waited in the queue until its deadline. `priority` (and `tenant`): the class
+        of a request that `arrive` saw, counted per class; None for answers outside admission (a
+        body buffer full, an OOM of an admitted request)."""
         self.counters.reject(reason)
         self.counters.timed_out += timed_out
+        if priority is None:
+            return self.retry_after_s()
         if self.classes is not None:
             self.classes.rejected(priority, tenant)
         return self.retry_after_s(priority)

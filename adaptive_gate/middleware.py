@@ -340,9 +340,10 @@ class AdaptiveGate:
         detail: str,
         *,
         timed_out: bool = False,
-        request_class: tuple[int, str | None] = (0, None),
+        request_class: tuple[int, str | None] | None = None,
     ) -> None:
-        priority, tenant = request_class
+        # Without a class: an answer outside admission (a full body buffer, an OOM), not counted per class.
+        priority, tenant = (None, None) if request_class is None else request_class
         retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
         body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
         headers = [(b"retry-after", str(retry_after_s).encode())]

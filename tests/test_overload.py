@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from adaptive_gate import AIMD, AdaptiveGate, Fixed
 from adaptive_gate._accounts import MAX_TENANTS, OTHER, ClassCounts
@@ -326,8 +326,16 @@ class ClassedCoreMachine(CoreMachine):
 
     @rule()
     def arrive(self) -> None:
-        self.arrivals += 1  # priority 0, no tenant
-        super().arrive()
+        self.arrive_classed(0, None, 30.0)
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def leave(self, index: int) -> None:
+        waiter = self.waiting.pop(index % len(self.waiting))
+        self.core.leave(waiter)
+        self.core.left(waiter.priority, waiter.tenant)
+        self.left += 1
+        self._start_granted()
 
     @rule(priority=st.integers(-1, 2), tenant=st.sampled_from([None, "a", "b"]), timeout_s=st.floats(0.0, 2.0))
     def arrive_classed(self, priority: int, tenant: str | None, timeout_s: float) -> None:
@@ -352,6 +360,9 @@ class ClassedCoreMachine(CoreMachine):
         assert classes is not None
         tallied = sum(t.arrived for t in classes.tenants.values()) + classes.other.arrived
         assert tallied == self.arrivals == sum(t.arrived for t in classes.priorities.values())
+        admitted = [t.as_dict()["admitted"] for t in classes.priorities.values()]
+        assert min(admitted, default=0) >= 0
+        assert sum(admitted) == self.core.counters.admitted + len(self.waiting)  # waiting: not turned away yet
 
 
 ClassedCoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
