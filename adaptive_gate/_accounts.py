@@ -139,18 +139,25 @@ class ServiceEstimates:
         self.mean_by_route: dict[object, float] = {}
 
     def add(self, route: object, service_s: float, now_s: float) -> None:
+        """One answer of `route` that took `service_s`: every successful request's path, kept lean."""
         estimate = self._by_route.get(route)
         if estimate is None:
-            if len(self._by_route) >= MAX_ROUTES:
-                oldest = next(iter(self._by_route))
-                del self._by_route[oldest], self.mean_by_route[oldest]
-            estimate = self._by_route[route] = [service_s, service_s / 2, now_s]  # RFC 6298's first estimate
-        else:
-            mean_s, deviation_s, _ = estimate
-            estimate[1] = deviation_s + SMOOTHING * (abs(service_s - mean_s) - deviation_s)
-            estimate[0] = mean_s + SMOOTHING * (service_s - mean_s)
-            estimate[2] = now_s
-        self.mean_by_route[route] = estimate[0]
+            self._first(route, service_s, now_s)
+            return
+        mean_s = estimate[0]
+        error_s = service_s - mean_s
+        estimate[1] += SMOOTHING * ((error_s if error_s >= 0.0 else -error_s) - estimate[1])
+        mean_s += SMOOTHING * error_s
+        estimate[0] = mean_s
+        estimate[2] = now_s
+        self.mean_by_route[route] = mean_s
+
+    def _first(self, route: object, service_s: float, now_s: float) -> None:
+        if len(self._by_route) >= MAX_ROUTES:
+            oldest = next(iter(self._by_route))
+            del self._by_route[oldest], self.mean_by_route[oldest]
+        self._by_route[route] = [service_s, service_s / 2, now_s]  # RFC 6298's first estimate
+        self.mean_by_route[route] = service_s
 
     def planned_s(self, route: object) -> float | None:
         """The service time a waiter of `route` must have left; None before it has finished once."""

@@ -126,7 +126,8 @@ class AdaptiveGate:
             overload=self.options.overload,
             queue_target_s=self.options.queue_target,
         )
-        self._classifier = Classifier(self.options.priority, self.options.tenant)
+        classifier = Classifier(self.options.priority, self.options.tenant)
+        self._classify = classifier.classify if classifier.enabled else None
         self._clock = clock
         self.ops = Operations(
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
@@ -176,12 +177,13 @@ class AdaptiveGate:
                 return
             receive = body.receive
             deadline_s -= clock() - arrived_s  # the time reading the body took counts
-        if self._classifier.enabled:
-            request_class = self._classifier.classify(scope)
-            admission = core.arrive(deadline_s, route=route, priority=request_class[0], tenant=request_class[1])
-        else:
-            request_class = (0, None)
+        classify = self._classify
+        request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
+        if classify is None:
             admission = core.arrive(deadline_s, route=route)
+        else:
+            request_class = classify(scope)
+            admission = core.arrive(deadline_s, route=route, priority=request_class[0], tenant=request_class[1])
         if admission is not ADMITTED:
             replay = await self._wait_or_reject(admission, body, receive, send, request_class)
             if replay is None:
@@ -243,7 +245,7 @@ class AdaptiveGate:
         body: Body | None,
         receive: Receive,
         send: Send,
-        request_class: tuple[int, str | None],
+        request_class: tuple[int, str | None] | None,
     ) -> Receive | None:
         """No slot now: wait in line for one (the `receive` the app must use then), or answer."""
         if body is None:  # waiting means listening for a disconnect: what is read meanwhile is replayed
@@ -315,7 +317,7 @@ class AdaptiveGate:
             await send_json(send, 408, {"detail": detail, "reason": "body_timeout"}, headers=CLOSE)
 
     async def _wait_for_slot(
-        self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None]
+        self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None
     ) -> bool:
         """Wait for the slot a place in line brings, or answer a rejection. True when admitted."""
         if isinstance(admission, str):
@@ -325,7 +327,7 @@ class AdaptiveGate:
         # It waits only as long as it could still finish in time: its deadline less its work.
         outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission))
         if outcome == "left":
-            self.core.left(*request_class)
+            self.core.left(*(request_class or ()))
         elif outcome == "evicted":
             await self._reject(send, "evicted", REJECTION_DETAILS["evicted"], request_class=request_class)
         elif outcome != "granted":
@@ -342,7 +344,8 @@ class AdaptiveGate:
         timed_out: bool = False,
         request_class: tuple[int, str | None] | None = None,
     ) -> None:
-        # Without a class: an answer outside admission (a full body buffer, an OOM), not counted per class.
+        # Without a class: no classes configured, or an answer outside admission (a full body
+        # buffer, an OOM): not counted per class.
         priority, tenant = (None, None) if request_class is None else request_class
         retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
         body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
