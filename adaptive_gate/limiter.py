@@ -169,10 +169,10 @@ class Limiter:
 
     def _hand_over(self) -> None:
         waiters = self._waiters
-        delay = waiters.delay
         while waiters and self._in_flight < self._limit:
             now_s = self._clock()
             waiter = waiters.pop_next(now_s)
+            delay = waiters.delay  # looked up here: every release passes by, most with nobody waiting
             standing = delay is not None and delay.overloaded
             if now_s > waiter.latest_start_s or (standing and now_s - waiter.enqueued_s > waiter.patience_s):
                 # It could no longer finish before its deadline, or it went stale in a standing
