@@ -1,9 +1,10 @@
 """Controlled delay: telling a queue that absorbs a burst from a queue that only adds waiting.
 
 CoDel's idea (RFC 8289), as Facebook's RPC servers use it ("Fail at Scale", 2015): a good queue
-empties now and then; a bad one holds a standing delay. What each waiter spent in the line (its
-sojourn) is measured when it leaves the line for a slot. When every sojourn has stayed above
-`target_s` for a whole `interval_s`, the queue is declared to stand (`overloaded`), and the line
+empties now and then; a bad one holds a standing delay. Each time a waiter leaves the line for a
+slot, the line reports its delay: how long its oldest member has waited (not the one served: under
+newest first, or with priorities, the served are fresh while the others wait on). When that has
+stayed above `target_s` for a whole `interval_s`, the queue is declared to stand (`overloaded`), and the line
 serves newest first (adaptive LIFO, as in Netflix's concurrency-limits): under a standing queue a
 FIFO serves everyone late, newest-first serves the fresh on time and lets the stale reach their
 deadline. While it stands, nobody waits longer than its patience (`Waiter.patience_s`: half its

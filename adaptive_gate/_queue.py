@@ -80,7 +80,9 @@ class FifoLine(OrderedDict[Waiter, None]):
         if delay is None:
             return self.popitem(last=False)[0]
         waiter = self.popitem(last=delay.overloaded)[0]
-        delay.dequeued(now_s - waiter.enqueued_s, now_s, empty=not self)
+        # The delay of the line is its oldest member's: whoever is served (the newest, under LIFO).
+        oldest = next(iter(self), waiter)
+        delay.dequeued(now_s - min(oldest.enqueued_s, waiter.enqueued_s), now_s, empty=not self)
         return waiter
 
     def remove(self, waiter: Waiter) -> bool:
@@ -181,7 +183,10 @@ class FairLine:
             del self._levels[priority]
         self._size -= 1
         if delay is not None:
-            delay.dequeued(now_s - waiter.enqueued_s, now_s, empty=self._size == 0)
+            # The delay of the line is its oldest member's, whoever is served: the newest under LIFO,
+            # or a fresh important one while the less important wait on.
+            oldest_s = min([waiter.enqueued_s] + [next(iter(lv.arrivals)).enqueued_s for lv in self._levels.values()])
+            delay.dequeued(now_s - oldest_s, now_s, empty=self._size == 0)
         return waiter
 
     def turns(self, priority: int) -> int:

@@ -13,7 +13,9 @@ Two tables:
   goodput (answers within the deadline per second, against capacity), the p99 of the successes'
   latency against the deadline, late answers (must be 0);
 - tenants: a heavy tenant at 10x a light one's rate, 2x capacity in all: the share of its offered
-  rate that each gets answered in time (the light one must get >= 90%).
+  rate that each gets answered in time (the light one must get >= 90%);
+- priorities: a tenth of a 4x load at priority 1: its share answered in time and its wait for a
+  slot (a service time is 50 ms).
 """
 
 from __future__ import annotations
@@ -206,6 +208,23 @@ def tenant_rows(duration_s: float, seed: int) -> list[dict[str, object]]:
     return rows
 
 
+def priority_rows(duration_s: float, seed: int) -> list[dict[str, object]]:
+    """A tenth of the load at priority 1 within 4x capacity: how long the important wait."""
+    capacity = capacity_per_s()
+    flows = [Flow(0.4 * capacity, priority=1), Flow(3.6 * capacity)]
+    results = Replay(flows, seed=seed).run(duration_s)
+    rows: list[dict[str, object]] = []
+    for name, flow, result in zip(("priority 1", "priority 0"), flows, results, strict=True):
+        waits = percentiles_ms(result.waits_s) or {"p50": 0.0, "p99": 0.0}
+        rows.append({
+            "class": name, "offered_per_s": round(flow.rate_per_s, 1),
+            "on_time_per_s": round(result.on_time / duration_s, 1),
+            "share_of_offered": round(result.on_time / max(1, result.offered), 3),
+            "wait_p50_ms": waits["p50"], "wait_p99_ms": waits["p99"], "late": result.late,
+        })  # fmt: skip
+    return rows
+
+
 def table(rows: list[dict[str, object]]) -> str:
     columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -225,9 +244,12 @@ def main() -> None:
     overload = overload_rows(args.duration_s, args.seed)
     print(table(overload) + "\n")
     tenants = tenant_rows(args.duration_s, args.seed)
-    print(table(tenants))
+    print(table(tenants) + "\n")
+    priorities = priority_rows(args.duration_s, args.seed)
+    print(table(priorities))
     if args.json is not None:
-        args.json.write_text(json.dumps({"overload": overload, "tenants": tenants}, indent=2))
+        document = {"overload": overload, "tenants": tenants, "priorities": priorities}
+        args.json.write_text(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":
