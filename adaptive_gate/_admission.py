@@ -11,8 +11,9 @@ When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate 
 - "lifo" (the default): serve newest first until the line drains (adaptive LIFO);
 - "shed": stay first come first served, but turn away at arrival whoever would wait longer than
   the controller's interval;
-- in both, while it stands nobody waits longer than half its deadline less its work (or the
-  interval, if longer): given up when its turn comes after that, or when that time has passed;
+- in both, while it stands nobody waits longer than its patience: half its deadline less its
+  work, at most eight intervals (at least one turn): given up when its turn comes after that, or
+  when that time has passed;
   newest first also answers at once whoever is buried deeper than the slots can serve in that time;
 - "off": none of this; a FIFO line bounded by deadlines alone.
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["OVERLOAD_MODES", "DrainRate", "queue_up"]
 
 OVERLOAD_MODES = ("lifo", "shed", "off")
+PATIENCE_INTERVALS = 8  # a burst that drains within eight intervals (32 service times) is served whole
 DRAIN_WINDOW_S = 10.0
 DRAIN_MIN_SPAN_S = 0.5  # below this, a rate is mostly noise
 DRAIN_POINT_EVERY_S = 0.1
@@ -52,9 +54,11 @@ def queue_up(core: GateCore, timeout_s: float, service_s: float, priority: int, 
         return "deadline"
     patience_s = math.inf
     if delay is not None:
-        # While the queue stands, an answer should come within half the deadline: a success, not
-        # a near miss. A tenant's turn among N takes N intervals, so never less than that.
-        patience_s = max(delay.interval_s * line.turns(priority), timeout_s / 2 - service_s)
+        # While the queue stands, an answer should come within half the deadline (a success, not a
+        # near miss), and a 503 soon: newest first rarely serves whoever waited PATIENCE_INTERVALS
+        # intervals. A tenant's turn among N takes N intervals, so never less than that.
+        turns_s = delay.interval_s * line.turns(priority)
+        patience_s = max(turns_s, min(timeout_s / 2 - service_s, PATIENCE_INTERVALS * turns_s))
         if delay.overloaded:
             if core.overload == "shed":
                 fifo_wait_s = core.expected_wait_s(len(line))

@@ -8,8 +8,8 @@ stayed above `target_s` for a whole `interval_s`, the queue is declared to stand
 serves newest first (adaptive LIFO, as in Netflix's concurrency-limits): under a standing queue a
 FIFO serves everyone late, newest-first serves the fresh on time and lets the stale reach their
 deadline. While it stands, nobody waits longer than its patience (`Waiter.patience_s`: half its
-deadline less its work, or the interval if that is longer): Facebook's servers cut the queue
-timeout the same way, so the successes stay fresh whatever the order. The line goes back to first
+deadline less its work, at most eight intervals): Facebook's servers cut the queue timeout the same
+way, so the successes stay fresh and the 503s come soon, whatever the order. The line goes back to first
 come, first served once it drains (it empties).
 
 The gate derives the target from its routes' service time (a waiter that waited longer than one
