@@ -31,10 +31,12 @@ MIN_INTERVAL_S = 0.05
 class ControlledDelay:
     """Whether the queue stands: `overloaded`, fed with each waiter's sojourn when it leaves the line."""
 
-    __slots__ = ("target_s", "overloaded", "_above_since_s", "episodes")
+    __slots__ = ("target_s", "known", "overloaded", "_above_since_s", "episodes")
 
-    def __init__(self, target_s: float = MIN_TARGET_S) -> None:
-        self.target_s = max(MIN_TARGET_S, target_s)
+    def __init__(self, target_s: float | None = MIN_TARGET_S) -> None:
+        """`target_s` None: not known yet (no service time measured); nothing stands until it is."""
+        self.known = target_s is not None
+        self.target_s = max(MIN_TARGET_S, target_s or 0.0)
         self.overloaded = False
         self._above_since_s: float | None = None
         self.episodes = 0  # how many times the queue was found standing: for the status
@@ -45,12 +47,15 @@ class ControlledDelay:
 
     def set_target(self, target_s: float) -> None:
         self.target_s = max(MIN_TARGET_S, target_s)
+        self.known = True
 
     def dequeued(self, sojourn_s: float, now_s: float, *, empty: bool) -> None:
         """A waiter left the line for a slot after `sojourn_s`; `empty`: nobody waits behind it."""
         if empty:
             self.drained()
             return
+        if not self.known:
+            return  # a wait means nothing before the work it waits for has been measured
         if sojourn_s < self.target_s:
             self._above_since_s = None  # a good queue: it has just been short
             return

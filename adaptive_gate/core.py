@@ -116,7 +116,7 @@ class GateCore:
         self.min_limit, self.max_limit = min_limit, max_limit
         self.max_retry_after_s = max_retry_after_s
         # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
-        self.delay = None if overload == "off" else ControlledDelay(queue_target_s or 0.0)
+        self.delay = None if overload == "off" else ControlledDelay(queue_target_s)
         line = FairLine(priority_aging_s, self.delay) if classes else FifoLine(self.delay)
         self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock, line=line)
         self.overload = overload

@@ -155,7 +155,7 @@ def _class_families(stats: GateStatistics) -> Iterator[Metric]:
     yield _gauge("queue_standing", "1 while the queue holds a standing delay", float(overload.get("standing", False)))
     if "episodes" in overload:
         yield _counter("queue_standing_episodes", "Times the queue was found standing", overload["episodes"])
-    if "target_ms" in overload:
+    if overload.get("target_ms") is not None:
         target_s = overload["target_ms"] / 1000
         yield _gauge("queue_target_seconds", "The sojourn above which the queue counts as standing", target_s)
 

@@ -159,7 +159,7 @@ def _overload(core: GateCore) -> dict[str, Any]:
     return {
         "mode": core.overload,
         "standing": delay.overloaded,
-        "target_ms": round(delay.target_s * 1000, 3),
+        "target_ms": round(delay.target_s * 1000, 3) if delay.known else None,  # None: no service time yet
         "interval_ms": round(delay.interval_s * 1000, 3),
         "episodes": delay.episodes,
     }
