@@ -17,9 +17,12 @@ __all__ = ["wait_in_line"]
 
 
 async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: float) -> str:
-    """Wait for `waiter`'s slot: "granted", "timeout" or "left" (the client went away)."""
+    """Wait for `waiter`'s slot: "granted", "timeout", "left" (the client went away), or the reason
+    the line gave up on it ("deadline": it could no longer finish in time; "evicted")."""
     if waiter.granted:
         return "granted"
+    if waiter.refused is not None:
+        return waiter.refused
     waiter._event = anyio.Event()
     try:
         async with anyio.create_task_group() as task_group:
@@ -33,4 +36,6 @@ async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: fl
     if waiter.granted and body.outcome is not ReadOutcome.DISCONNECTED:
         return "granted"
     core.leave(waiter)  # gives back the slot if it came in the same instant
-    return "left" if body.outcome is ReadOutcome.DISCONNECTED else "timeout"
+    if body.outcome is ReadOutcome.DISCONNECTED:
+        return "left"
+    return waiter.refused or "timeout"

@@ -239,10 +239,16 @@ class AIMD(_Bounds):
         """An out-of-memory error while `in_flight` requests (the failed one included) ran; in units
         of cost where the gate has a `cost`."""
         self.ooms_seen += 1
-        if epoch is not None and epoch < self._epoch:
-            return  # admitted under a limit that was already cut for this congestion event
-        ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
         room = self.memory.room()
+        ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
+        if epoch is not None and epoch < self._epoch:
+            # Admitted under a limit already cut for this congestion event: no new cut. Where memory
+            # is read (and the cut was one step), the limit still goes no higher than the requests
+            # that survive the burst: those are known to fit (inputs that doubled fail in a burst).
+            if room is not None and ran_out_at - 1 < self._aimd_limit:
+                self._aimd_limit = max(self.min_limit, ran_out_at - 1)
+                self._update("out of memory")
+            return
         self.oom_hold.record(now_s, ran_out_at, room)
         self._cut(self.oom_backoff if room is None else 1.0, "out of memory", ran_out_at=ran_out_at)
 

@@ -21,7 +21,11 @@ from collections import deque
 from collections.abc import Callable
 from enum import Enum
 
+from ._accounts import ClassCounts, ServiceEstimates
+from ._admission import OVERLOAD_MODES, DrainRate, queue_up
+from ._codel import ControlledDelay
 from ._operator import OperatorBounds
+from ._queue import FairLine, FifoLine
 from ._swallowed import SwallowedOoms
 from .control import Controller
 from .limiter import Limiter, Waiter
@@ -64,7 +68,7 @@ class Ticket:
 
     __slots__ = (
         "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
-        "sending_since_s", "abandoned", "units",
+        "sending_since_s", "abandoned", "units", "route",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +86,7 @@ class Ticket:
         # and whether it was given up for that.
         self.sending_since_s: float | None = None
         self.abandoned = False
+        self.route: object = None  # set by the driver: whose service time this one's teaches
 
 
 class _Probe:
@@ -110,8 +115,18 @@ class GateCore:
         clock: Callable[[], float],
         unix_offset_s: float = 0.0,
         seed: int | None = None,
+        classes: bool = False,
+        priority_aging_s: float = 10.0,
+        overload: str = "lifo",
+        queue_target_s: float | None = None,
     ) -> None:
-        """The middleware and the simulator build it alike; `controller` is bound to the bounds here."""
+        """The middleware and the simulator build it alike; `controller` is bound to the bounds here.
+
+        `classes`: requests carry priorities and tenants (a fair line, counts per class);
+        `overload`: what a standing queue turns into ("lifo", "shed" or "off", see `_admission`);
+        `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
+        if overload not in OVERLOAD_MODES:
+            raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")
         if not isinstance(controller, Controller):
             raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
         controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
@@ -119,7 +134,16 @@ class GateCore:
         self.min_limit, self.max_limit = min_limit, max_limit
         self.max_retry_after_s = max_retry_after_s
         # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
-        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock)
+        self.delay = None if overload == "off" else ControlledDelay(queue_target_s)
+        line = FairLine(priority_aging_s, self.delay) if classes else FifoLine(self.delay)
+        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock, line=line)
+        self.overload = overload
+        self.queue_target_s = queue_target_s
+        self.classes = ClassCounts() if classes else None
+        self.services = ServiceEstimates()
+        self._mean_by_route = self.services.mean_by_route
+        self.drain = DrainRate()
+        self._clock = clock
         self.operator: OperatorBounds | None = None
         self.counters = Counters()
         self.queue_wait_s = RecentValues()
@@ -137,24 +161,37 @@ class GateCore:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def arrive(self, timeout_s: float, units: float = 1) -> str | Waiter:
+    def arrive(
+        self,
+        timeout_s: float,
+        *,
+        units: float = 1,
+        route: object = None,
+        priority: int = 0,
+        tenant: str | None = None,
+    ) -> str | Waiter:
         """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
         place in the line, whose slots come with a release or a higher limit), or the reason to turn
-        it away: "queue_full", or "deadline" when the expected wait is already longer than the
-        `timeout_s` it may wait."""
-        limiter = self.limiter
-        if limiter.try_acquire(units):
-            return ADMITTED
-        if limiter.queued >= limiter.max_queue:
-            return "queue_full"
-        estimate_s = self.expected_wait_s(limiter.queued)
-        if estimate_s is not None and estimate_s > timeout_s:
+        it away: "queue_full", "deadline" when it is not expected to finish (wait and `route`'s
+        service time) within the `timeout_s` it has, or "overload" when a standing queue sheds. A
+        waiter the line gives up on later is `refused` ("deadline": it could no longer finish in
+        time; "evicted")."""
+        if self.classes is not None:
+            self.classes.arrived(priority, tenant)
+        mean_s = self._mean_by_route.get(route)
+        if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, self._clock()):
             return "deadline"
-        return limiter.join(units)
+        if self.limiter.try_acquire(units):
+            return ADMITTED
+        return queue_up(self, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
         self.limiter.leave(waiter)
+
+    def wait_budget_s(self, waiter: Waiter) -> float:
+        """How long `waiter` may still wait: past it, it could not finish before its deadline."""
+        return max(0.0, waiter.latest_start_s - self._clock())
 
     def admitted(self, now_s: float, waited_s: float, units: float = 1) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
@@ -186,6 +223,7 @@ class GateCore:
         concurrency = (busy_area - ticket.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
         self.counters.completed += 1
         self.service_s.add(latency_s)
+        self.services.add(ticket.route, latency_s, now_s)
         self.service_histogram.observe(latency_s)
         demand = limiter.queued > 0 or in_flight >= limiter.limit
         if self.operator is not None and self.controller.limit >= self.operator.max_limit:
@@ -209,16 +247,26 @@ class GateCore:
             self._apply_limit(now_s)
         return alone
 
-    def rejected(self, reason: str, *, timed_out: bool = False) -> int:
+    def rejected(
+        self, reason: str, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
+    ) -> int:
         """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
-        `timed_out`: it waited in the queue until its deadline."""
+        `timed_out`: it waited in the queue until its deadline. `priority` (and `tenant`): the class
+        of a request that `arrive` saw, counted per class; None for answers outside admission (a
+        body buffer full, an OOM of an admitted request)."""
         self.counters.reject(reason)
         self.counters.timed_out += timed_out
-        return self.retry_after_s()
+        if priority is None:
+            return self.retry_after_s()
+        if self.classes is not None:
+            self.classes.rejected(priority, tenant)
+        return self.retry_after_s(priority)
 
-    def left(self) -> None:
+    def left(self, priority: int = 0, tenant: str | None = None) -> None:
         """The client left before its request was admitted."""
         self.counters.left_queue += 1
+        if self.classes is not None:
+            self.classes.left(priority, tenant)
 
     def body_refused(self, *, too_large: bool) -> None:
         """The body was too large (413) or too slow (408): the client's doing, no capacity answer."""
@@ -317,8 +365,17 @@ class GateCore:
             return None
         return (ahead + 1) * mean_service_s / self.limiter.limit
 
-    def retry_after_s(self) -> int:
-        estimate_s = self.expected_wait_s(self.limiter.queued)
+    def retry_after_s(self, priority: int = 0) -> int:
+        """When to come back: the line ahead of `priority` over the measured drain rate (requests
+        ended per second), or the service times while no drain has been measured yet."""
+        limiter = self.limiter
+        ended = self.counters.completed + self.counters.failed + self.counters.admitted_ooms
+        rate_per_s = self.drain.rate_per_s(ended, self._clock())
+        ahead = limiter.line.ahead_of(priority)
+        if rate_per_s is not None:
+            estimate_s: float | None = (ahead + 1) / rate_per_s
+        else:
+            estimate_s = self.expected_wait_s(ahead)
         if estimate_s is None:
             estimate_s = MAX_REQUEST_SECONDS_ASSUMED
         # Jitter, so that the clients turned away together do not all come back together.

@@ -1,16 +1,18 @@
-"""A concurrency limiter whose limit may change at any moment, with a bounded FIFO queue.
+"""A concurrency limiter whose limit may change at any moment, with a bounded queue.
 
 Think of it as a counter of slots in use (`in_flight`) and a line of people waiting for one
 (`queued`). Whoever arrives while a slot is free and nobody is waiting walks straight in. Everyone
-else joins the back of the line. When a slot comes back it is handed directly to the person at the
-front of the line, so a newcomer can never overtake somebody who waited. Raising the limit lets the
+else joins the line. When a slot comes back it is handed directly to the person the line puts
+first (`_queue.py`: the front, unless priorities, tenants or a standing queue say otherwise), so a
+newcomer can never take a slot from somebody who waits. A waiter whose latest start has passed
+when its turn comes is refused (`Waiter.refused`) and the slot goes on to the next. Raising the limit lets the
 front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
 is released, and no new one is handed out until `in_flight` is below the new limit.
 
 A request may weigh more than one slot (`units`, the gate's `cost` option): it goes in when its
 units fit under the limit beside what runs, or alone when nothing runs (so one heavier than the
-whole limit is served, alone, rather than starved). The line stays first come, first served: a
-light request behind a heavy one waits for it, so the heavy one cannot be starved either.
+whole limit is served, alone, rather than starved). Nobody overtakes the one the line puts first
+because it is light: a heavy one at the front waits for its room, so it cannot be starved either.
 
 Cancellation is where limiters leak: a waiter may be cancelled (a timeout, a client that left)
 after a slot was already handed to it but before it woke up. `leave()` covers that case by passing
@@ -25,11 +27,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+
+from ._queue import FairLine, FifoLine, Waiter
 
 __all__ = ["Limiter", "LimiterStatistics", "QueueFull", "QueueTimeout", "Waiter"]
 
@@ -50,22 +53,6 @@ class LimiterStatistics:
     max_queue: int
 
 
-class Waiter:
-    """One place in the line. `granted` turns true when a slot has been handed over."""
-
-    __slots__ = ("granted", "units", "_event")
-
-    def __init__(self, units: float = 1) -> None:
-        self.granted = False
-        self.units = units
-        self._event: anyio.Event | None = None
-
-    def _wake(self) -> None:
-        self.granted = True
-        if self._event is not None:
-            self._event.set()
-
-
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, got {type(limit).__name__}")
@@ -75,7 +62,14 @@ def _check_limit(limit: object) -> int:
 
 
 class Limiter:
-    def __init__(self, limit: int, *, max_queue: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        line: FifoLine | FairLine | None = None,
+    ) -> None:
         self._limit = _check_limit(limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
@@ -86,9 +80,9 @@ class Limiter:
         self._clock = clock
         self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
         self._busy_since_s = clock()
-        # An OrderedDict gives O(1) append, O(1) pop from the front and O(1) removal from the
-        # middle (a waiter that gives up), which a deque cannot do; 10,000 waiters stay cheap.
-        self._waiters: OrderedDict[Waiter, None] = OrderedDict()
+        # Who is served next (`_queue.py`): first come first served unless told otherwise. Each line
+        # appends, pops and removes from the middle (a waiter that gives up) in O(1).
+        self._waiters: FifoLine | FairLine = FifoLine() if line is None else line
 
     @property
     def limit(self) -> int:
@@ -142,21 +136,35 @@ class Limiter:
         self._in_flight = in_flight + units
         return True
 
-    def join(self, units: float = 1) -> Waiter:
-        """Join the back of the line; the slot is handed over later by `release` or a higher limit."""
+    @property
+    def line(self) -> FifoLine | FairLine:
+        return self._waiters
+
+    def join(self, waiter: Waiter | None = None) -> Waiter:
+        """Join the line; the slot is handed over later by `release` or a higher limit, or the line
+        refuses the waiter (`refused`) if it can no longer start by its `latest_start_s`."""
         if len(self._waiters) >= self._max_queue:
             raise QueueFull
-        waiter = Waiter(units)
-        self._waiters[waiter] = None
+        if waiter is None:
+            waiter = Waiter()
+        self._waiters.push(waiter, self._clock())
         self._hand_over()
         return waiter
 
     def leave(self, waiter: Waiter) -> None:
         """Give up a place in the line, or the slot if it was handed over meanwhile."""
         if waiter.granted:
+            waiter.granted = False  # leaving twice gives the slot back once
             self.release(waiter.units)
-        elif self._waiters.pop(waiter, False) is None:
+        elif self._waiters.remove(waiter):
+            if not self._waiters and self._waiters.delay is not None:
+                self._waiters.delay.drained()
             self._hand_over()  # a heavy one that left may have held up lighter ones behind it
+
+    def evict(self, waiter: Waiter, reason: str) -> None:
+        """Turn a waiter away from its place (to make room for a more important one)."""
+        if self._waiters.remove(waiter):
+            waiter._refuse(reason)
 
     def release(self, units: float = 1) -> None:
         if self._in_flight < units:
@@ -166,11 +174,20 @@ class Limiter:
 
     def _hand_over(self) -> None:
         waiters = self._waiters
-        while waiters:
-            waiter = next(iter(waiters))
+        while waiters and self._in_flight < self._limit:
+            now_s = self._clock()
+            waiter = waiters.peek_next(now_s)
+            delay = waiters.delay  # looked up here: every release passes by, most with nobody waiting
+            standing = delay is not None and delay.overloaded
+            if now_s > waiter.latest_start_s or (standing and now_s - waiter.enqueued_s > waiter.patience_s):
+                # It could no longer finish before its deadline, or it went stale in a standing
+                # queue: the slot goes to the next one, not to an answer that comes too late.
+                waiters.pop_next(now_s)
+                waiter._refuse("deadline")
+                continue
             if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
-                return
-            del waiters[waiter]
+                return  # its units do not fit yet: it keeps its place, and nobody overtakes it
+            waiters.pop_next(now_s)
             self._set_in_flight(self._in_flight + waiter.units)
             waiter._wake()
 

@@ -25,7 +25,8 @@ MISSING = "prometheus-client is not installed: pip install 'adaptive-gate[metric
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 BOUNDS = ("controller", "memory_cap", "max_limit", "operator")
-REJECT_REASONS = ("queue_full", "deadline", "oom", "too_large")
+REJECT_REASONS = ("queue_full", "deadline", "oom", "too_large", "overload", "evicted")
+CLASS_OUTCOMES = ("admitted", "rejected", "left")
 
 
 def available() -> bool:
@@ -98,6 +99,7 @@ def _families(stats: GateStatistics) -> Iterator[Metric]:
     yield from _request_families(stats)
     yield from _memory_families(stats)
     yield from _health_families(stats)
+    yield from _class_families(stats)
     yield from _batching_families(stats)
 
 
@@ -132,6 +134,31 @@ def _request_families(stats: GateStatistics) -> Iterator[Metric]:
         "direction",
         {"up": counters["limit_increases"], "down": counters["limit_decreases"]},
     )
+
+
+def _class_families(stats: GateStatistics) -> Iterator[Metric]:
+    """Per priority and per tenant (the busiest, the rest as "other": bounded label values)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    for label, tallies in (("priority", stats.priorities), ("tenant", stats.tenants)):
+        if not tallies:
+            continue
+        family = CounterMetricFamily(
+            f"adaptive_gate_{label}_requests",
+            f"Gated requests per {label}, by what became of them before a slot",
+            labels=[label, "outcome"],
+        )
+        for name, tally in tallies.items():
+            for outcome in CLASS_OUTCOMES:
+                family.add_metric([name, outcome], tally[outcome])
+        yield family
+    overload = stats.overload
+    yield _gauge("queue_standing", "1 while the queue holds a standing delay", float(overload.get("standing", False)))
+    if "episodes" in overload:
+        yield _counter("queue_standing_episodes", "Times the queue was found standing", overload["episodes"])
+    if overload.get("target_ms") is not None:
+        target_s = overload["target_ms"] / 1000
+        yield _gauge("queue_target_seconds", "The sojourn above which the queue counts as standing", target_s)
 
 
 def _health_families(stats: GateStatistics) -> Iterator[Metric]:

@@ -6,8 +6,10 @@ with a `Retry-After`, and the operating endpoints. What the gate decides and cou
 `GateCore` (`core.py`), which the simulator drives too; the background loops in `_background.py`.
 
 Gated requests take a slot before they reach the application and hold it until the last byte of
-their response is sent. Requests that find no free slot wait in a FIFO queue until their deadline;
-while they wait the gate listens on `receive()`, so a client that leaves gives up its place at once.
+their response is sent. Requests that find no free slot wait in line (FIFO, or by priority and
+tenant when configured, newest first while the queue stands) only as long as they can still finish
+before their deadline; while they wait the gate listens on `receive()`, so a client that leaves
+gives up its place at once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._background import serve_lifespan
 from ._body import Body, BodyBudget, ReadOutcome, read_body, request_head
+from ._classify import Classifier
 from ._endpoints import Endpoints, send_json
 from ._line import wait_in_line
 from ._operations import Operations
@@ -45,7 +48,9 @@ CLOSE = [(b"connection", b"close")]
 ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
 REJECTION_DETAILS = {
     "queue_full": "too many requests are waiting for the GPU",
-    "deadline": "the expected wait is longer than the request's deadline",
+    "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
+    "overload": "the queue has held a standing delay: new requests are shed until it drains",
+    "evicted": "a more important request took this one's place in the full queue",
 }
 
 
@@ -92,6 +97,11 @@ class AdaptiveGate:
         body_timeout: float = 30.0,
         send_timeout: float = 30.0,
         cost: Callable[[Scope], float] | None = None,
+        priority: str | Callable[[Scope], int] | None = None,
+        tenant: str | Callable[[Scope], str | None] | None = None,
+        priority_aging: float = 10.0,
+        overload: str = "lifo",
+        queue_target: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         options = dict(locals())
@@ -112,7 +122,13 @@ class AdaptiveGate:
             max_retry_after_s=self.options.max_retry_after,
             clock=clock,
             unix_offset_s=time.time() - clock(),
+            classes=self.options.priority is not None or self.options.tenant is not None,
+            priority_aging_s=self.options.priority_aging,
+            overload=self.options.overload,
+            queue_target_s=self.options.queue_target,
         )
+        classifier = Classifier(self.options.priority, self.options.tenant)
+        self._classify = classifier.classify if classifier.enabled else None
         self._clock = clock
         self.ops = Operations(
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
@@ -164,9 +180,17 @@ class AdaptiveGate:
                 return
             receive = body.receive
             deadline_s -= clock() - arrived_s  # the time reading the body took counts
-        admission = core.arrive(deadline_s, units)
+        classify = self._classify
+        request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
+        if classify is None:
+            admission = core.arrive(deadline_s, units=units, route=route)
+        else:
+            request_class = classify(scope)
+            admission = core.arrive(
+                deadline_s, units=units, route=route, priority=request_class[0], tenant=request_class[1]
+            )
         if admission is not ADMITTED:
-            replay = await self._wait_or_reject(admission, body, receive, send, deadline_s)
+            replay = await self._wait_or_reject(admission, body, receive, send, request_class)
             if replay is None:
                 return
             receive = replay
@@ -174,6 +198,7 @@ class AdaptiveGate:
             self._body_budget.give_back(body.nbytes)
         now_s = clock()
         ticket = core.admitted(now_s, now_s - arrived_s, units)
+        ticket.route = route
         watch = self.ops.watch
         watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample
@@ -220,13 +245,18 @@ class AdaptiveGate:
                 core.release(ticket, clock(), Outcome.FAILED)
 
     async def _wait_or_reject(
-        self, admission: str | Waiter, body: Body | None, receive: Receive, send: Send, timeout_s: float
+        self,
+        admission: str | Waiter,
+        body: Body | None,
+        receive: Receive,
+        send: Send,
+        request_class: tuple[int, str | None] | None,
     ) -> Receive | None:
         """No slot now: wait in line for one (the `receive` the app must use then), or answer."""
         if body is None:  # waiting means listening for a disconnect: what is read meanwhile is replayed
             body = Body(receive)
         try:
-            return body.receive if await self._wait_for_slot(admission, body, send, timeout_s) else None
+            return body.receive if await self._wait_for_slot(admission, body, send, request_class) else None
         finally:  # admitted or gone: the queue no longer holds these bytes
             self._body_budget.give_back(body.nbytes)
 
@@ -291,22 +321,38 @@ class AdaptiveGate:
             detail = "the request body did not arrive within the body timeout (or the request's deadline)"
             await send_json(send, 408, {"detail": detail, "reason": "body_timeout"}, headers=CLOSE)
 
-    async def _wait_for_slot(self, admission: str | Waiter, body: Body, send: Send, timeout_s: float) -> bool:
+    async def _wait_for_slot(
+        self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None
+    ) -> bool:
         """Wait for the slot a place in line brings, or answer a rejection. True when admitted."""
         if isinstance(admission, str):
             detail = REJECTION_DETAILS[admission]
-            await self._reject(send, admission, detail)
+            await self._reject(send, admission, detail, request_class=request_class)
             return False
-        outcome = await wait_in_line(self.core, admission, body, timeout_s)
+        # It waits only as long as it could still finish in time: its deadline less its work.
+        outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission))
         if outcome == "left":
-            self.core.left()
-        elif outcome == "timeout":
-            detail = "no GPU slot became free before the request's deadline"
-            await self._reject(send, "deadline", detail, timed_out=True)
+            self.core.left(*(request_class or ()))
+        elif outcome == "evicted":
+            await self._reject(send, "evicted", REJECTION_DETAILS["evicted"], request_class=request_class)
+        elif outcome != "granted":
+            detail = "no GPU slot became free in time for the request to finish before its deadline"
+            await self._reject(send, "deadline", detail, timed_out=True, request_class=request_class)
         return outcome == "granted"
 
-    async def _reject(self, send: Send, reason: str, detail: str, *, timed_out: bool = False) -> None:
-        retry_after_s = self.core.rejected(reason, timed_out=timed_out)
+    async def _reject(
+        self,
+        send: Send,
+        reason: str,
+        detail: str,
+        *,
+        timed_out: bool = False,
+        request_class: tuple[int, str | None] | None = None,
+    ) -> None:
+        # Without a class: no classes configured, or an answer outside admission (a full body
+        # buffer, an OOM): not counted per class.
+        priority, tenant = (None, None) if request_class is None else request_class
+        retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
         body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
         headers = [(b"retry-after", str(retry_after_s).encode())]
         await send_json(send, self.options.reject_status, body, headers=headers)

@@ -15,7 +15,9 @@ from typing import Any
 
 from starlette.types import Scope
 
+from ._admission import OVERLOAD_MODES
 from ._checks import check_int, check_seconds
+from ._classify import check_class_option
 from ._routes import normalise_tag
 
 __all__ = ["HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateOptions"]
@@ -60,6 +62,11 @@ class GateOptions:
     body_timeout: float = 30.0
     send_timeout: float = 30.0
     cost: Callable[[Scope], float] | None = None
+    priority: object = field(default=None, compare=False)
+    tenant: object = field(default=None, compare=False)
+    priority_aging: float = 10.0
+    overload: str = "lifo"
+    queue_target: float | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -90,6 +97,16 @@ class GateOptions:
                 "cost must be None (every request weighs 1) or a callable (scope) -> float that says what a "
                 f"request weighs, e.g. its batch size read from the query string; got {self.cost!r}"
             )
+        put("priority", check_class_option("priority", self.priority))
+        put("tenant", check_class_option("tenant", self.tenant))
+        put("priority_aging", check_seconds("priority_aging", self.priority_aging, allow_zero=False))
+        if self.overload not in OVERLOAD_MODES:
+            raise ValueError(
+                f"overload must be one of {', '.join(map(repr, OVERLOAD_MODES))} (what a standing queue turns "
+                f"into: newest first, shed at arrival, or nothing); got {self.overload!r}"
+            )
+        if self.queue_target is not None:
+            put("queue_target", check_seconds("queue_target", self.queue_target, allow_zero=False))
 
     @property
     def protected(self) -> frozenset[str]:
@@ -103,7 +120,7 @@ class GateOptions:
             value = getattr(self, option.name)
             if option.name == "admin_token":
                 shown["admin_token_set"] = value is not None
-            elif option.name in ("probe", "cost"):
+            elif option.name in ("probe", "cost", "priority", "tenant"):
                 shown[option.name] = value if value is None or isinstance(value, str) else repr(value)
             elif option.name == "tag":
                 shown["tag"] = None if value is None else min(value) if len(value) == 1 else sorted(value)

@@ -244,7 +244,7 @@ class _Run:
         units = 1 if phase.cost is None else units_of_cost(phase.cost(nbytes))
         request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s, units)
         self.told("arrive", request.id)
-        admission = self.core.arrive(self.queue_timeout_s, units)
+        admission = self.core.arrive(self.queue_timeout_s, units=units)
         if admission is ADMITTED:
             self.start(request)
         elif isinstance(admission, str):

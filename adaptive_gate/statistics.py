@@ -101,6 +101,11 @@ class GateStatistics:
     loop_lag_s: float = 0.0
     findings: tuple[dict[str, Any], ...] = ()
     finding_appearances: dict[str, int] = field(default_factory=dict)
+    # Per class, when a priority or a tenant is configured: {name: {arrived, admitted, rejected,
+    # left}}, tenants bounded (the busiest, then "other"); and the state of the controlled delay.
+    priorities: dict[str, dict[str, int]] = field(default_factory=dict)
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)
+    overload: dict[str, Any] = field(default_factory=dict)
 
 
 def snapshot(core: GateCore) -> GateStatistics:
@@ -140,7 +145,24 @@ def snapshot(core: GateCore) -> GateStatistics:
         not_ready=tuple(not_ready),
         degraded=tuple(core.degraded()),
         oom_unix_s=tuple(round(t + core.unix_offset_s, 3) for t in core.oom_s),
+        priorities={} if core.classes is None else core.classes.shown_priorities(),
+        tenants={} if core.classes is None else core.classes.shown_tenants(),
+        overload=_overload(core),
     )
+
+
+def _overload(core: GateCore) -> dict[str, Any]:
+    """What a standing queue turns into, whether the queue stands now, and how often it has."""
+    delay = core.delay
+    if delay is None:
+        return {"mode": core.overload, "standing": False}
+    return {
+        "mode": core.overload,
+        "standing": delay.overloaded,
+        "target_ms": round(delay.target_s * 1000, 3) if delay.known else None,  # None: no service time yet
+        "interval_ms": round(delay.interval_s * 1000, 3),
+        "episodes": delay.episodes,
+    }
 
 
 def _controller_statistics(core: GateCore) -> ControllerStatistics:

@@ -136,6 +136,9 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "counters": stats.counters,
         "queue_wait_ms": stats.queue_wait_ms,
         "service_ms": stats.service_ms,
+        "overload": stats.overload,
+        "priorities": stats.priorities,
+        "tenants": stats.tenants,
         "controller": {
             "controller": stats.controller.name,
             "bound": stats.controller.bound,

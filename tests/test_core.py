@@ -130,6 +130,11 @@ class CoreMachine(RuleBasedStateMachine):
         self.left = 0
 
     def _start_granted(self) -> None:
+        for waiter in [w for w in self.waiting if w.refused is not None]:
+            # The line gave up on it (it could no longer finish in time, or went stale in a standing queue).
+            self.waiting.remove(waiter)
+            self.core.rejected("deadline", timed_out=True)
+            self.turned_away += 1
         for waiter in [w for w in self.waiting if w.granted]:
             self.waiting.remove(waiter)
             self.running.append(self.core.admitted(self.now[0], 0.0))

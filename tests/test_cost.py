@@ -35,8 +35,8 @@ def test_a_heavy_request_waits_for_room_and_a_light_one_behind_it_waits_its_turn
     limiter = Limiter(5, max_queue=8)
     assert limiter.try_acquire(2) and limiter.try_acquire(2)
     assert not limiter.try_acquire(2)  # 4 + 2 > 5
-    heavy = limiter.join(4)
-    light = limiter.join(1)
+    heavy = limiter.join(Waiter(units=4))
+    light = limiter.join(Waiter(units=1))
     assert not heavy.granted and not light.granted  # first come, first served: 1 would fit, but waits
     limiter.release(2)
     assert not heavy.granted  # 2 + 4 > 5
@@ -47,7 +47,7 @@ def test_a_heavy_request_waits_for_room_and_a_light_one_behind_it_waits_its_turn
 def test_a_request_heavier_than_the_limit_runs_alone() -> None:
     limiter = Limiter(3, max_queue=4)
     assert limiter.try_acquire(1)
-    huge = limiter.join(10)
+    huge = limiter.join(Waiter(units=10))
     limiter.release(1)
     assert huge.granted and limiter.in_flight == 10  # alone: never starved by its own weight
     assert not limiter.try_acquire(1)
@@ -69,7 +69,7 @@ class WeightedLimiterMachine(RuleBasedStateMachine):
         if self.limiter.try_acquire(units):
             self.holding.append(units)
         elif self.limiter.queued < self.limiter.max_queue:
-            self.waiting.append(self.limiter.join(units))
+            self.waiting.append(self.limiter.join(Waiter(units=units)))
 
     @precondition(lambda self: self.holding)
     @rule(index=st.integers(0, 100))

@@ -56,8 +56,9 @@ async def test_the_exposition_agrees_with_the_status() -> None:
                 tg.start_soon(client.post, "/work")
         await client.post("/work", params={"nbytes": 2048 * MiB})  # never fits: OOM -> 503 too_large
         await client.post("/work", params={"fail": 422})
-        await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "0"})  # no wait allowed...
-        async with anyio.create_task_group() as tg:  # ...but only when it must queue: hold both slots
+        # No time for the route's work (50 ms, learned above): turned away even with a slot free...
+        await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "0"})
+        async with anyio.create_task_group() as tg:  # ...and when it must queue: hold both slots
             tg.start_soon(client.post, "/work")
             tg.start_soon(client.post, "/work")
             await wait_until(lambda: find_gate(app).core.limiter.in_flight == 2)
@@ -86,8 +87,8 @@ async def test_the_exposition_agrees_with_the_status() -> None:
     # The OOM ran alone (2 GiB on a 1 GiB card): too large for the card, not congestion.
     assert value("adaptive_gate_rejections_total", reason="too_large") == 1
     assert value("adaptive_gate_rejections_total", reason="oom") == 0
-    assert value("adaptive_gate_rejections_total", reason="deadline") == counters["rejected_by_reason"]["deadline"] == 1
-    assert value("adaptive_gate_requests_total", outcome="rejected") == 4  # queue full and deadline, not the OOM
+    assert value("adaptive_gate_rejections_total", reason="deadline") == counters["rejected_by_reason"]["deadline"] == 2
+    assert value("adaptive_gate_requests_total", outcome="rejected") == 5  # queue full and deadline, not the OOM
     ended = sum(value("adaptive_gate_requests_total", outcome=o) for o in ("completed", "failed", "oom"))
     assert ended == counters["admitted"]  # every admitted request ended exactly once
     assert value("adaptive_gate_ooms_total") == counters["ooms"] == 1

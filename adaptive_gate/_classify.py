@@ -1,0 +1,94 @@
+"""Reading a request's priority and tenant, as the `priority` and `tenant` options say.
+
+Each option is `None` (nothing to read: every request is priority 0 and tenant None), a header
+name, or a callable given the ASGI scope. A request is never failed for what it says about
+itself: a header that is not an integer, or a callable that raises or answers something else,
+counts as priority 0 (or no tenant). Priorities are clamped into `[PRIORITY_MIN, PRIORITY_MAX]`
+and tenant names cut to `MAX_TENANT_CHARS`, so what a client sends cannot grow the gate's tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import Scope
+
+from ._accounts import PRIORITY_MAX, PRIORITY_MIN
+
+__all__ = ["Classifier", "check_class_option"]
+
+logger = logging.getLogger("adaptive_gate")
+
+MAX_TENANT_CHARS = 64
+
+
+def check_class_option(name: str, value: object) -> object:
+    """`None`, a header name (kept lower-case, as ASGI gives header names), or a callable."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and value.strip() and value.isascii() and " " not in value:
+        return value.lower()
+    kind = "int" if name == "priority" else "str | None"
+    raise TypeError(
+        f'{name} must be None, a header name such as "x-{name}", or a callable (scope) -> {kind}; got {value!r}'
+    )
+
+
+class Classifier:
+    """The priority and tenant of one request, read once, before it may wait."""
+
+    def __init__(self, priority: object, tenant: object) -> None:
+        self.enabled = priority is not None or tenant is not None
+        self._priority_header = priority.encode("latin-1") if isinstance(priority, str) else None
+        self._priority_call: Callable[[Scope], Any] | None = None if isinstance(priority, str) else priority  # type: ignore[assignment]
+        self._tenant_header = tenant.encode("latin-1") if isinstance(tenant, str) else None
+        self._tenant_call: Callable[[Scope], Any] | None = None if isinstance(tenant, str) else tenant  # type: ignore[assignment]
+
+    def classify(self, scope: Scope) -> tuple[int, str | None]:
+        return self.priority(scope), self.tenant(scope)
+
+    def priority(self, scope: Scope) -> int:
+        value: object = None
+        if self._priority_header is not None:
+            value = _header(scope, self._priority_header)
+        elif self._priority_call is not None:
+            value = _call(self._priority_call, scope, "priority")
+        if isinstance(value, bytes):
+            text = value.strip()
+            negative = text.startswith(b"-")
+            digits = text[1:] if negative else text
+            if not digits.isdigit() or len(digits) > 6:
+                return 0
+            value = -int(digits) if negative else int(digits)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return 0
+        return min(PRIORITY_MAX, max(PRIORITY_MIN, value))
+
+    def tenant(self, scope: Scope) -> str | None:
+        value: object = None
+        if self._tenant_header is not None:
+            value = _header(scope, self._tenant_header)
+        elif self._tenant_call is not None:
+            value = _call(self._tenant_call, scope, "tenant")
+        if isinstance(value, bytes):
+            value = value.decode("latin-1").strip()
+        if not isinstance(value, str) or not value:
+            return None
+        return value[:MAX_TENANT_CHARS]
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _call(function: Callable[[Scope], Any], scope: Scope, what: str) -> object:
+    try:
+        return function(scope)
+    except Exception:  # the request is served as unclassified rather than failed for it
+        logger.debug("adaptive_gate: the %s callable raised; the request counts as unclassified", what, exc_info=True)
+        return None

@@ -1,0 +1,266 @@
+"""The waiting line's order: who gets the next free slot.
+
+The limiter counts slots; this module decides which waiter a freed slot goes to. Two lines share
+one small interface (`push`, `pop`, `remove`, `evictable`, `ahead_of`, `len()`):
+
+- `FifoLine`, the default: first come, first served, an `OrderedDict` underneath, so a gate
+  configured without priorities or tenants pays what it paid before (truth and length are C calls).
+- `FairLine`, when a priority or a tenant is configured: a level per priority, larger first; in a
+  level, the tenants that have somebody waiting take turns (deficit round robin with a quantum of
+  one request: every request weighs the same), so two light clients keep their share while thirty
+  heavy ones wait. Priorities age: a waiter's level counts `age / aging_s` more per second waited,
+  so the lowest is never starved for ever. A tenant's line exists only while somebody waits in it,
+  so random tenant names cannot grow it past `max_queue`.
+
+Both take a `ControlledDelay` (`_codel.py`): while the queue has held a standing delay, they serve
+newest first (adaptive LIFO): the fresh get served while they can still use the answer, and the
+stale reach their deadline instead of being served late.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import anyio
+
+from ._codel import ControlledDelay
+
+__all__ = ["FairLine", "FifoLine", "Waiter"]
+
+
+class Waiter:
+    """One place in the line. `granted` turns true when a slot has been handed over; `refused`
+    holds the reason when the line gave up on it instead ("deadline": it could no longer finish in
+    time when its turn came, or it waited longer than its `patience_s` while the queue stood;
+    "evicted": a more important request took its place)."""
+
+    __slots__ = (
+        "granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "patience_s", "units",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        priority: int = 0,
+        tenant: str | None = None,
+        latest_start_s: float = math.inf,
+        patience_s: float = math.inf,
+        units: float = 1,
+    ) -> None:
+        self.units = units  # the slots it takes (the gate's `cost`)
+        self.granted = False
+        self.refused: str | None = None
+        self._event: anyio.Event | None = None
+        self.priority = priority
+        self.tenant = tenant
+        self.enqueued_s = 0.0
+        self.latest_start_s = latest_start_s
+        self.patience_s = patience_s
+
+    def _wake(self) -> None:
+        self.granted = True
+        if self._event is not None:
+            self._event.set()
+
+    def _refuse(self, reason: str) -> None:
+        self.refused = reason
+        if self._event is not None:
+            self._event.set()
+
+
+class FifoLine(OrderedDict[Waiter, None]):
+    """First come, first served; newest first while the delay controller says the queue stands."""
+
+    def __init__(self, delay: ControlledDelay | None = None) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def push(self, waiter: Waiter, now_s: float) -> None:
+        waiter.enqueued_s = now_s
+        self[waiter] = None
+
+    def peek_next(self, now_s: float) -> Waiter:
+        """Whom `pop_next` would serve now, left in its place (it may not fit yet)."""
+        delay = self.delay
+        return next(reversed(self)) if delay is not None and delay.overloaded else next(iter(self))
+
+    def pop_next(self, now_s: float) -> Waiter:
+        delay = self.delay
+        if delay is None:
+            return self.popitem(last=False)[0]
+        waiter = self.popitem(last=delay.overloaded)[0]
+        # The delay of the line is its oldest member's: whoever is served (the newest, under LIFO).
+        oldest = next(iter(self), waiter)
+        delay.dequeued(now_s - min(oldest.enqueued_s, waiter.enqueued_s), now_s, empty=not self)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        return self.pop(waiter, 0) is None
+
+    def turns(self, priority: int) -> int:
+        """How many take turns with a newcomer: nobody, in a single line."""
+        return 1
+
+    def oldest(self, priority: int) -> Waiter | None:
+        """The waiter newest first would serve last: the one to answer first when the line is too deep."""
+        return next(iter(self), None)
+
+    def evictable(self, priority: int) -> Waiter | None:
+        """FIFO has no priorities: nobody makes room for anybody."""
+        return None
+
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """How many would be served before a newcomer (newest first: nobody)."""
+        return 0 if self.delay is not None and self.delay.overloaded else len(self)
+
+
+class _Level:
+    """The waiters of one priority: per tenant in arrival order, tenants in turn."""
+
+    __slots__ = ("arrivals", "tenants")
+
+    def __init__(self) -> None:
+        self.arrivals: OrderedDict[Waiter, None] = OrderedDict()  # every waiter, oldest first
+        self.tenants: OrderedDict[str | None, OrderedDict[Waiter, None]] = OrderedDict()  # whose turn first
+
+    def push(self, waiter: Waiter) -> None:
+        self.arrivals[waiter] = None
+        line = self.tenants.get(waiter.tenant)
+        if line is None:
+            line = self.tenants[waiter.tenant] = OrderedDict()
+        line[waiter] = None
+
+    def pop(self, newest: bool) -> Waiter:
+        tenant, line = next(iter(self.tenants.items()))
+        waiter = line.popitem(last=newest)[0]
+        del self.arrivals[waiter]
+        del self.tenants[tenant]
+        if line:  # its turn is over: to the back of the round
+            self.tenants[tenant] = line
+        return waiter
+
+    def remove(self, waiter: Waiter) -> None:
+        del self.arrivals[waiter]
+        line = self.tenants[waiter.tenant]
+        del line[waiter]
+        if not line:
+            del self.tenants[waiter.tenant]
+
+
+class FairLine:
+    """Priorities first (with aging), tenants in turn within a priority; see the module's docstring."""
+
+    def __init__(self, aging_s: float, delay: ControlledDelay | None = None) -> None:
+        self.aging_s = aging_s
+        self.delay = delay
+        self._levels: dict[int, _Level] = {}  # only levels with somebody waiting
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def __contains__(self, waiter: object) -> bool:
+        if not isinstance(waiter, Waiter):
+            return False
+        level = self._levels.get(waiter.priority)
+        return level is not None and waiter in level.arrivals
+
+    def push(self, waiter: Waiter, now_s: float) -> None:
+        waiter.enqueued_s = now_s
+        level = self._levels.get(waiter.priority)
+        if level is None:
+            level = self._levels[waiter.priority] = _Level()
+        level.push(waiter)
+        self._size += 1
+
+    def _choose(self, now_s: float) -> tuple[int, _Level, bool]:
+        """The level to serve, and whether newest first within the tenant whose turn it is."""
+        priority = self._level_to_serve(now_s)
+        level = self._levels[priority]
+        delay = self.delay
+        newest = False
+        if delay is not None and delay.overloaded:
+            # Newest first only within a tenant whose own line stands (its oldest waited longer than
+            # its turns take): a light tenant's second request is not sacrificed to its third.
+            oldest = next(iter(next(iter(level.tenants.values()))))
+            newest = now_s - oldest.enqueued_s > delay.interval_s * len(level.tenants)
+        return priority, level, newest
+
+    def peek_next(self, now_s: float) -> Waiter:
+        """Whom `pop_next` would serve now, left in its place (it may not fit yet)."""
+        _, level, newest = self._choose(now_s)
+        line = next(iter(level.tenants.values()))
+        return next(reversed(line)) if newest else next(iter(line))
+
+    def pop_next(self, now_s: float) -> Waiter:
+        priority, level, newest = self._choose(now_s)
+        delay = self.delay
+        waiter = level.pop(newest)
+        if not level.arrivals:
+            del self._levels[priority]
+        self._size -= 1
+        if delay is not None:
+            # The delay of the line is its oldest member's, whoever is served: the newest under LIFO,
+            # or a fresh important one while the less important wait on.
+            oldest_s = min([waiter.enqueued_s] + [next(iter(lv.arrivals)).enqueued_s for lv in self._levels.values()])
+            delay.dequeued(now_s - oldest_s, now_s, empty=self._size == 0)
+        return waiter
+
+    def turns(self, priority: int) -> int:
+        """How many tenants take turns at `priority`: a newcomer's wait grows with them."""
+        level = self._levels.get(priority)
+        return 1 if level is None else max(1, len(level.tenants))
+
+    def oldest(self, priority: int) -> Waiter | None:
+        """The oldest of the lowest level, when that level is not above `priority`."""
+        if not self._levels:
+            return None
+        lowest = min(self._levels)
+        return None if lowest > priority else next(iter(self._levels[lowest].arrivals))
+
+    def _level_to_serve(self, now_s: float) -> int:
+        """The level whose oldest waiter has the highest aged priority; ties go to the higher level."""
+        best, best_score = 0, -math.inf
+        for priority, level in self._levels.items():
+            oldest = next(iter(level.arrivals))
+            score = priority + (now_s - oldest.enqueued_s) / self.aging_s
+            if score > best_score or (score == best_score and priority > best):
+                best, best_score = priority, score
+        return best
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take `waiter` out of the line; False when it was not in it (served, refused, gone)."""
+        if waiter not in self:
+            return False
+        level = self._levels[waiter.priority]
+        level.remove(waiter)
+        if not level.arrivals:
+            del self._levels[waiter.priority]
+        self._size -= 1
+        return True
+
+    def evictable(self, priority: int) -> Waiter | None:
+        """The waiter to turn away to make room for one of `priority`: the newest of the lowest
+        level, when that level is below `priority` (the newest has lost the least by waiting)."""
+        if not self._levels:
+            return None
+        lowest = min(self._levels)
+        if lowest >= priority:
+            return None
+        return next(reversed(self._levels[lowest].arrivals))
+
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """How many would be served before a newcomer of `priority` and `tenant` (an estimate:
+        aging aside): everyone above, and at its own level its tenant's line (none of it while
+        newest first) and, of every other tenant, as many turns as its own tenant takes."""
+        ahead = sum(len(level.arrivals) for p, level in self._levels.items() if p > priority)
+        level = self._levels.get(priority)
+        if level is None:
+            return ahead
+        own_line = level.tenants.get(tenant)
+        own = 0 if own_line is None or (self.delay is not None and self.delay.overloaded) else len(own_line)
+        others = sum(min(len(line), own + 1) for name, line in level.tenants.items() if name != tenant)
+        return ahead + own + others

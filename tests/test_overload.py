@@ -1,0 +1,369 @@
+"""Under sustained overload: no answer after its deadline, priorities first, tenants fairly, on a
+fake clock (the core) or through the middleware where the wire matters (headers, status, metrics)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+import pytest
+from fastapi import FastAPI
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule
+
+from adaptive_gate import AIMD, AdaptiveGate, Fixed
+from adaptive_gate._accounts import MAX_TENANTS, OTHER, ClassCounts
+from adaptive_gate.core import ADMITTED, GateCore, Outcome
+from adaptive_gate.limiter import Waiter
+from benchmarks.overload import Flow, Replay, capacity_per_s
+
+from .asgi_helpers import RawClient, http_scope
+from .conftest import find_gate
+from .test_core import CoreMachine
+from .test_metrics import parse
+
+SERVICE_S = 1.0
+
+
+def core_at(now: list[float], *, limit: int = 1, max_queue: int = 100, **options: Any) -> GateCore:
+    return GateCore(
+        Fixed(limit), min_limit=1, max_limit=limit, initial_limit=limit, max_queue=max_queue, max_retry_after_s=60,
+        clock=lambda: now[0], seed=0, **options,
+    )  # fmt: skip
+
+
+def serve_one(core: GateCore, now: list[float], service_s: float = SERVICE_S) -> None:
+    """One request alone, so the core learns the route's service time."""
+    assert core.arrive(30.0, route="r") is ADMITTED
+    ticket = core.admitted(now[0], 0.0)
+    ticket.route = "r"
+    now[0] += service_s
+    core.release(ticket, now[0], Outcome.COMPLETED)
+
+
+# -- the deadline includes the work -------------------------------------------------------------
+
+
+def test_no_time_for_the_work_is_turned_away_even_with_a_free_slot() -> None:
+    now = [0.0]
+    core = core_at(now, limit=2)
+    serve_one(core, now)
+    assert core.arrive(0.5, route="r") == "deadline"
+    assert core.arrive(30.0, route="r") is ADMITTED
+
+
+def test_a_route_slower_than_every_deadline_is_still_tried_now_and_then() -> None:
+    """One slow answer (a warm-up) must not turn the route away for ever: it is measured again."""
+    now = [0.0]
+    core = core_at(now, limit=2)
+    serve_one(core, now, service_s=40.0)
+    assert core.arrive(30.0, route="r") == "deadline"
+    now[0] += 41.0  # no answer for longer than the mean: one request may run, to measure again
+    assert core.arrive(30.0, route="r") is ADMITTED
+    assert core.arrive(30.0, route="r") == "deadline"  # one probe at a time
+    assert core.arrive(30.0, route="other") is ADMITTED  # other routes were never affected
+
+
+def test_expected_wait_and_work_past_the_deadline_is_turned_away_at_once() -> None:
+    now = [0.0]
+    core = core_at(now, overload="off")
+    for _ in range(30):  # a steady service time: the estimate's deviation settles
+        serve_one(core, now)
+    assert core.arrive(30.0, route="r") is ADMITTED
+    queued = [core.arrive(30.0, route="r") for _ in range(3)]
+    assert all(isinstance(w, Waiter) for w in queued)
+    assert core.arrive(4.5, route="r") == "deadline"  # 4 s of wait and ~1 s of work: past 4.5 s
+    assert isinstance(core.arrive(6.0, route="r"), Waiter)
+
+
+def test_a_waiter_that_can_no_longer_finish_gives_its_turn_on() -> None:
+    now = [0.0]
+    core = core_at(now, overload="off")
+    for _ in range(30):
+        serve_one(core, now)
+    running = core.arrive(30.0, route="r")
+    assert running is ADMITTED
+    ticket = core.admitted(now[0], 0.0)
+    short = core.arrive(2.5, route="r")  # may wait until ~1.5 s from now
+    long = core.arrive(30.0, route="r")
+    assert isinstance(short, Waiter) and isinstance(long, Waiter)
+    assert 1.0 < core.wait_budget_s(short) < 1.5
+    now[0] += 1.6  # the running one took longer than usual
+    core.release(ticket, now[0], Outcome.COMPLETED)
+    assert short.refused == "deadline" and not short.granted
+    assert long.granted and core.limiter.in_flight == 1
+
+
+@pytest.mark.parametrize("mode", ["lifo", "shed", "off"])
+@pytest.mark.parametrize("factor", [2, 4])
+def test_sustained_overload_never_answers_late(mode: str, factor: int) -> None:
+    """Poisson arrivals at 2x and 4x capacity with 1 s deadlines, service +-20%: nothing late,
+    the card kept busy (goodput near capacity)."""
+    duration_s = 20.0
+    [result] = Replay([Flow(factor * capacity_per_s())], overload=mode, seed=factor).run(duration_s)
+    assert result.late == 0
+    assert result.on_time / duration_s >= 0.9 * capacity_per_s()
+
+
+def test_newest_first_keeps_the_successes_fresh() -> None:
+    duration_s = 20.0
+    [lifo] = Replay([Flow(4 * capacity_per_s())], overload="lifo", seed=3).run(duration_s)
+    [fifo] = Replay([Flow(4 * capacity_per_s())], overload="off", seed=3).run(duration_s)
+    lifo_slow = sum(latency_s > 0.5 for latency_s in lifo.latencies_s)
+    fifo_slow = sum(latency_s > 0.5 for latency_s in fifo.latencies_s)
+    assert lifo_slow <= 0.01 * len(lifo.latencies_s) < fifo_slow
+
+
+def test_newest_first_answers_the_buried_at_once() -> None:
+    now = [0.0]
+    core = core_at(now)
+    for _ in range(30):
+        serve_one(core, now)
+    assert core.arrive(10.0, route="r") is ADMITTED
+    assert core.delay is not None
+    core.delay.overloaded = True  # the queue stands (how it gets there: tests/test_queue.py)
+    # Patience: half the 10 s deadline less ~1 s of work, so ~4 s: four 1 s requests on one slot.
+    waiters = [core.arrive(10.0, route="r") for _ in range(10)]
+    assert all(isinstance(w, Waiter) for w in waiters)
+    assert core.limiter.queued == 4
+    assert [w.refused for w in waiters[:6]] == ["deadline"] * 6  # the oldest, answered at once
+    assert all(w.refused is None for w in waiters[6:])  # type: ignore[union-attr]
+
+
+# -- priorities -----------------------------------------------------------------------------------
+
+
+def test_a_high_priority_waits_at_most_one_service_time_behind_a_flood() -> None:
+    now = [0.0]
+    core = core_at(now, max_queue=30, classes=True)
+    serve_one(core, now)
+    assert core.arrive(30.0, route="r", tenant="flood") is ADMITTED
+    running = core.admitted(now[0], 0.0)
+    low = [core.arrive(100.0, route="r", tenant="flood") for _ in range(30)]  # the queue is full
+    assert all(isinstance(w, Waiter) for w in low)
+    assert core.arrive(100.0, route="r", tenant="flood") == "queue_full"
+    now[0] += 0.3
+    high = core.arrive(100.0, route="r", priority=5, tenant="vip")
+    assert isinstance(high, Waiter)
+    assert low[-1].refused == "evicted"  # the newest of the lowest made room
+    now[0] += SERVICE_S - 0.3
+    core.release(running, now[0], Outcome.COMPLETED)
+    assert high.granted and not any(w.granted for w in low)  # waited 0.7 s: under one service time
+
+
+def test_the_lowest_priority_is_not_starved_for_ever() -> None:
+    def served_after(aging_s: float) -> float | None:
+        now = [0.0]
+        core = core_at(now, max_queue=100, classes=True, priority_aging_s=aging_s, overload="off")
+        serve_one(core, now)
+        assert core.arrive(60.0, route="r") is ADMITTED
+        ticket = core.admitted(now[0], 0.0)
+        lowest = core.arrive(60.0, route="r", priority=0)
+        assert isinstance(lowest, Waiter)
+        for _ in range(40):  # two important arrivals per service time: they alone could fill the card
+            for _ in range(2):
+                assert isinstance(core.arrive(60.0, route="r", priority=3), Waiter | str)
+            now[0] += SERVICE_S
+            core.release(ticket, now[0], Outcome.COMPLETED)
+            if lowest.granted:
+                return now[0]
+            ticket = core.admitted(now[0], 0.0)
+        return None
+
+    assert served_after(aging_s=2.0) is not None  # three levels are worth six seconds of waiting
+    assert served_after(aging_s=1e9) is None  # without aging: starved
+
+
+def test_retry_after_is_shorter_for_the_more_important() -> None:
+    now = [0.0]
+    core = core_at(now, max_queue=100, classes=True, overload="off")
+    serve_one(core, now)
+    assert core.arrive(60.0, route="r") is ADMITTED
+    for _ in range(20):
+        core.arrive(60.0, route="r")
+    assert core.retry_after_s(priority=5) < core.retry_after_s(priority=0)
+
+
+# -- tenants --------------------------------------------------------------------------------------
+
+
+def test_two_light_tenants_keep_their_share_while_thirty_heavy_ones_flood() -> None:
+    capacity = capacity_per_s()
+    # A fair share is 1/32 of the capacity; the light ones ask for 2/3 of it, the heavy ones 3x.
+    flows = [Flow(capacity / 48, tenant=f"light-{i}") for i in range(2)]
+    flows += [Flow(3 * capacity / 32, tenant=f"heavy-{i}") for i in range(30)]
+    results = Replay(flows, seed=5).run(30.0)
+    for light in results[:2]:
+        assert light.on_time >= 0.9 * light.offered
+    assert sum(r.late for r in results) == 0
+
+
+def test_tenant_counts_are_bounded_and_keep_the_busiest() -> None:
+    counts = ClassCounts()
+    rng = random.Random(1)
+    for i in range(20_000):
+        if i % 4 == 0:
+            counts.arrived(0, "busy")
+        else:
+            counts.arrived(0, f"random-{rng.random()}")  # a hostile client: a new name every time
+    assert len(counts.tenants) <= MAX_TENANTS
+    shown = counts.shown_tenants(top=3)
+    assert shown["busy"]["arrived"] == 5000  # never pushed out by the one-off names
+    assert len(shown) == 4 and sum(tally["arrived"] for tally in shown.values()) == 20_000
+    assert shown[OTHER]["arrived"] >= 14_000  # the one-off names, folded
+
+
+# -- the wire -------------------------------------------------------------------------------------
+
+
+def classified_app(**options: Any) -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(
+        AdaptiveGate, probe=None, controller=Fixed(1), priority="x-priority", tenant="x-tenant", **options
+    )
+    release = anyio.Event()
+
+    @app.post("/work", tags=["gpu"])
+    async def work() -> dict[str, bool]:
+        await release.wait()
+        return {"ok": True}
+
+    app.state.release = release
+    return app
+
+
+def headers(priority: str | None = None, tenant: str | None = None) -> list[tuple[bytes, bytes]]:
+    found = [(b"host", b"test")]
+    if priority is not None:
+        found.append((b"x-priority", priority.encode()))
+    if tenant is not None:
+        found.append((b"x-tenant", tenant.encode()))
+    return found
+
+
+@pytest.mark.anyio
+async def test_status_and_metrics_show_priorities_and_tenants() -> None:
+    app = classified_app(max_queue=2)
+    gate_client = RawClient()
+    clients: list[RawClient] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app, http_scope("/work", headers=headers("1", "a")), gate_client.receive, gate_client.send)
+        await anyio.sleep(0.05)
+        for priority, tenant in [("0", "a"), ("not a number", "b"), ("9", "b")]:  # the last evicts one
+            client = RawClient()
+            clients.append(client)
+            tg.start_soon(app, http_scope("/work", headers=headers(priority, tenant)), client.receive, client.send)
+            await anyio.sleep(0.02)
+        gate = find_gate(app)
+        assert gate.core.limiter.queued == 2
+        app.state.release.set()
+    statuses = sorted(c.status or 0 for c in [gate_client, *clients])
+    assert statuses == [200, 200, 200, 503]
+    evicted = next(c for c in clients if c.status == 503)
+    assert b'"reason":"evicted"' in evicted.body and evicted.header(b"retry-after") is not None
+    status = gate.status()
+    assert status["priorities"]["0"]["arrived"] == 2  # "not a number" counts as priority 0
+    assert status["priorities"]["9"] == {"arrived": 1, "admitted": 1, "rejected": 0, "left": 0}
+    assert status["tenants"]["b"]["rejected"] == 1 and status["tenants"]["a"]["admitted"] == 2
+    assert status["options"]["priority"] == "x-priority" and status["overload"]["mode"] == "lifo"
+    metrics = gate.metrics
+    assert metrics is not None
+    samples = parse(metrics.render().decode())
+    assert samples[("adaptive_gate_tenant_requests_total", (("outcome", "rejected"), ("tenant", "b")))] == 1
+    assert samples[("adaptive_gate_priority_requests_total", (("outcome", "admitted"), ("priority", "9")))] == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"priority": 5}, TypeError, 'header name such as "x-priority"'),
+        ({"tenant": "x tenant"}, TypeError, "tenant must be None, a header name"),
+        ({"overload": "drop"}, ValueError, "overload must be one of 'lifo', 'shed', 'off'"),
+        ({"priority_aging": 0}, ValueError, "priority_aging must be > 0 seconds"),
+        ({"queue_target": -1.0}, ValueError, "queue_target must be > 0 seconds"),
+    ],
+)
+def test_bad_options_say_what_is_wrong(options: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        AdaptiveGate(FastAPI(), **options)
+
+
+def test_a_priority_callable_that_raises_counts_as_zero() -> None:
+    from adaptive_gate._classify import Classifier
+
+    def broken(scope: Any) -> int:
+        raise KeyError("x")
+
+    classifier = Classifier(broken, lambda scope: 42)
+    assert classifier.classify(http_scope("/work")) == (0, None)  # 42 is not a tenant name
+    assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("-7"))) == -7
+    assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("100000"))) == 100  # clamped
+
+
+# -- the core's books, with classes and the controlled delay ---------------------------------------
+
+
+class ClassedCoreMachine(CoreMachine):
+    """The core's machine (tests/test_core.py) with priorities, tenants, newest first and deadlines
+    short enough to be refused in line: the books balance whatever the line decides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = GateCore(
+            AIMD(knee_gain=0), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
+            clock=lambda: self.now[0], classes=True, overload="lifo", priority_aging_s=0.5,
+        )  # fmt: skip
+        self.arrivals = 0
+
+    def _start_granted(self) -> None:
+        for waiter in [w for w in self.waiting if w.refused is not None]:
+            self.waiting.remove(waiter)
+            self.core.rejected("deadline", priority=waiter.priority, tenant=waiter.tenant)
+            self.turned_away += 1
+        super()._start_granted()
+
+    @rule()
+    def arrive(self) -> None:
+        self.arrive_classed(0, None, 30.0)
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def leave(self, index: int) -> None:
+        waiter = self.waiting.pop(index % len(self.waiting))
+        self.core.leave(waiter)
+        self.core.left(waiter.priority, waiter.tenant)
+        self.left += 1
+        self._start_granted()
+
+    @rule(priority=st.integers(-1, 2), tenant=st.sampled_from([None, "a", "b"]), timeout_s=st.floats(0.0, 2.0))
+    def arrive_classed(self, priority: int, tenant: str | None, timeout_s: float) -> None:
+        self.arrivals += 1
+        queued = list(self.waiting)
+        admission = self.core.arrive(timeout_s, route="r", priority=priority, tenant=tenant)
+        if admission is ADMITTED:
+            ticket = self.core.admitted(self.now[0], 0.0)
+            ticket.route = "r"
+            self.running.append(ticket)
+        elif isinstance(admission, str):
+            self.core.rejected(admission, priority=priority, tenant=tenant)
+            self.turned_away += 1
+        else:
+            assert all(w in queued for w in self.waiting)
+            self.waiting.append(admission)
+        self._start_granted()
+
+    @invariant()
+    def classes_add_up(self) -> None:
+        classes = self.core.classes
+        assert classes is not None
+        tallied = sum(t.arrived for t in classes.tenants.values()) + classes.other.arrived
+        assert tallied == self.arrivals == sum(t.arrived for t in classes.priorities.values())
+        admitted = [t.as_dict()["admitted"] for t in classes.priorities.values()]
+        assert min(admitted, default=0) >= 0
+        assert sum(admitted) == self.core.counters.admitted + len(self.waiting)  # waiting: not turned away yet
+
+
+ClassedCoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+TestClassedCoreMachine = ClassedCoreMachine.TestCase

@@ -1,0 +1,219 @@
+"""The waiting line's order (`_queue.py`) and the controlled delay (`_codel.py`), on a fake clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from adaptive_gate._codel import ControlledDelay
+from adaptive_gate._queue import FairLine, FifoLine, Waiter
+from adaptive_gate.limiter import Limiter, QueueFull
+
+
+def fair_limiter(now: list[float], limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000) -> Limiter:
+    return Limiter(limit, max_queue=max_queue, clock=lambda: now[0], line=FairLine(aging_s))
+
+
+def test_fifo_is_first_come_first_served_until_the_queue_stands() -> None:
+    delay = ControlledDelay(0.01)  # interval: 50 ms
+    line = FifoLine(delay)
+    waiters = [Waiter() for _ in range(6)]
+    for waiter in waiters:
+        line.push(waiter, 0.0)
+    assert line.pop_next(0.02) is waiters[0]  # waited above the target: the clock starts
+    assert not delay.overloaded
+    assert line.pop_next(0.08) is waiters[1]  # above the target for a whole interval: it stands
+    assert delay.overloaded
+    assert line.pop_next(0.09) is waiters[5]  # newest first now
+    assert line.ahead_of(0) == 0
+    for waiter in waiters[2:5]:
+        line.remove(waiter)
+    assert not line
+    line.push(Waiter(), 0.1)
+    line.pop_next(0.1)  # the line emptied: first come first served again
+    assert not delay.overloaded
+
+
+def test_a_short_wait_resets_the_clock() -> None:
+    delay = ControlledDelay(0.01)
+    delay.dequeued(0.02, 0.0, empty=False)
+    delay.dequeued(0.001, 0.03, empty=False)  # the queue was short a moment: a burst, not a standing queue
+    delay.dequeued(0.02, 0.06, empty=False)
+    assert not delay.overloaded
+    delay.dequeued(0.02, 0.12, empty=False)
+    assert delay.overloaded and delay.episodes == 1
+
+
+def test_higher_priority_first_and_tenants_in_turn() -> None:
+    line = FairLine(aging_s=1e9)
+    a1, a2, a3 = (Waiter(0, "a") for _ in range(3))
+    b1 = Waiter(0, "b")
+    urgent = Waiter(5, "a")
+    for waiter in (a1, a2, a3, b1, urgent):
+        line.push(waiter, 0.0)
+    order = [line.pop_next(1.0) for _ in range(5)]
+    assert order == [urgent, a1, b1, a2, a3]
+
+
+def test_aging_lets_the_old_low_priority_one_pass() -> None:
+    line = FairLine(aging_s=2.0)
+    old = Waiter(0)
+    line.push(old, 0.0)
+    line.push(Waiter(3), 5.0)
+    assert line.pop_next(5.9) is not old  # 0 + 5.9/2 < 3
+    line.push(Waiter(3), 6.5)
+    assert line.pop_next(6.6) is old  # 0 + 6.6/2 > 3 + 0.1/2: three levels make up for six seconds
+
+
+def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
+    now = [0.0]
+    limiter = fair_limiter(now, max_queue=3)
+    assert limiter.try_acquire()
+    low_old, low_new, mid = limiter.join(Waiter(0)), limiter.join(Waiter(0)), limiter.join(Waiter(1))
+    line = limiter.line
+    assert line.evictable(0) is None and line.evictable(1) is low_new and line.evictable(9) is low_new
+    limiter.evict(low_new, "evicted")
+    assert low_new.refused == "evicted" and limiter.queued == 2
+    high = limiter.join(Waiter(2))
+    limiter.release()
+    assert high.granted and not mid.granted and not low_old.granted
+
+
+def test_tenant_lines_exist_only_while_somebody_waits() -> None:
+    now = [0.0]
+    limiter = fair_limiter(now, max_queue=10_000)
+    assert limiter.try_acquire()
+    waiters = [limiter.join(Waiter(0, f"random-{i}")) for i in range(5000)]
+    for waiter in waiters:
+        limiter.leave(waiter)
+    level_count = len(limiter.line._levels)  # type: ignore[union-attr]
+    assert limiter.queued == 0 and level_count == 0
+
+
+def test_backlogged_tenants_get_equal_shares() -> None:
+    """Thirty heavy tenants with twenty waiting each and two light ones: every one gets 1/32."""
+    now = [0.0]
+    limiter = fair_limiter(now)
+    assert limiter.try_acquire()
+    tenant_of: dict[Waiter, str] = {}
+    for _ in range(20):
+        for tenant in [f"heavy-{i}" for i in range(30)] + ["light-1", "light-2"]:
+            tenant_of[limiter.join(Waiter(0, tenant))] = tenant
+            now[0] += 0.001
+    served: Counter[str] = Counter()
+    for _ in range(320):  # half the backlog
+        limiter.release()
+        granted = [w for w in tenant_of if w.granted]
+        for waiter in granted:
+            served[tenant_of.pop(waiter)] += 1
+    fair = 320 / 32
+    assert len(served) == 32
+    assert all(abs(count - fair) <= 0.15 * fair for count in served.values()), served
+
+
+def test_a_waiter_past_its_latest_start_is_refused_and_the_slot_goes_on() -> None:
+    now = [0.0]
+    limiter = Limiter(1, max_queue=5, clock=lambda: now[0])
+    assert limiter.try_acquire()
+    late = limiter.join(Waiter(latest_start_s=1.0))
+    next_one = limiter.join(Waiter(latest_start_s=10.0))
+    now[0] = 2.0
+    limiter.release()
+    assert late.refused == "deadline" and not late.granted
+    assert next_one.granted and limiter.in_flight == 1
+
+
+class FairLimiterMachine(RuleBasedStateMachine):
+    """Any interleaving of arrivals (priorities, tenants, deadlines), evictions, releases, leaving
+    before and after a grant, limit changes and time: every waiter is granted at most once,
+    in_flight never passes the limit by a grant, no waiter is lost, nobody waits beside a free slot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = [0.0]
+        self.delay = ControlledDelay(0.01)
+        line = FairLine(aging_s=0.5, delay=self.delay)
+        self.limiter = Limiter(2, max_queue=6, clock=lambda: self.now[0], line=line)
+        self.holders = 0
+        self.waiting: list[Waiter] = []
+        self.ever_granted: set[Waiter] = set()  # the waiters themselves: an id() could be reused
+        self.refused = 0
+
+    def _collect(self) -> None:
+        for waiter in list(self.waiting):
+            if waiter.granted:
+                assert waiter.refused is None and waiter not in self.ever_granted
+                self.ever_granted.add(waiter)
+                self.waiting.remove(waiter)
+                self.holders += 1
+                assert self.limiter.in_flight <= self.limiter.limit, "a grant went past the limit"
+            elif waiter.refused is not None:
+                self.waiting.remove(waiter)
+                self.refused += 1
+
+    @rule(dt=st.floats(0.0, 0.2))
+    def time_passes(self, dt: float) -> None:
+        self.now[0] += dt
+
+    @rule(priority=st.integers(-1, 2), tenant=st.sampled_from([None, "a", "b", "c"]), budget=st.floats(0.0, 1.0))
+    def arrive(self, priority: int, tenant: str | None, budget: float) -> None:
+        if self.limiter.try_acquire():
+            self.holders += 1
+            return
+        waiter = Waiter(priority, tenant, self.now[0] + budget)
+        if self.limiter.queued >= self.limiter.max_queue:
+            victim = self.limiter.line.evictable(priority)
+            if victim is None:
+                return
+            self.limiter.evict(victim, "evicted")
+        try:
+            self.limiter.join(waiter)
+        except QueueFull:
+            raise AssertionError("an eviction must make room") from None
+        self.waiting.append(waiter)
+        self._collect()
+
+    @precondition(lambda self: self.holders)
+    @rule()
+    def release(self) -> None:
+        self.holders -= 1
+        self.limiter.release()
+        self._collect()
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def leave(self, index: int) -> None:
+        waiter = self.waiting.pop(index % len(self.waiting))
+        self.limiter.leave(waiter)
+        self.limiter.leave(waiter)  # twice: still nothing lost or given twice
+        self._collect()
+
+    @precondition(lambda self: self.holders and self.waiting)
+    @rule()
+    def release_then_the_granted_one_leaves(self) -> None:
+        self.holders -= 1
+        self.limiter.release()
+        for waiter in [w for w in self.waiting if w.granted]:
+            self.waiting.remove(waiter)
+            self.limiter.leave(waiter)  # cancelled after the grant, before it woke: the slot goes on
+        self._collect()
+
+    @rule(limit=st.integers(1, 4))
+    def set_limit(self, limit: int) -> None:
+        self.limiter.limit = limit
+        self._collect()
+
+    @invariant()
+    def books_balance(self) -> None:
+        limiter = self.limiter
+        assert limiter.in_flight == self.holders
+        assert limiter.queued == len(self.waiting) <= limiter.max_queue
+        assert all(waiter in limiter.line for waiter in self.waiting), "a waiter was lost"
+        assert not (self.waiting and limiter.in_flight < limiter.limit)
+
+
+FairLimiterMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
+TestFairLimiterMachine = FairLimiterMachine.TestCase
