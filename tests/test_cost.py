@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from adaptive_gate import AdaptiveGate, Fixed
+from adaptive_gate._queue import FairLine
 from adaptive_gate.core import units_of_cost
 from adaptive_gate.limiter import Limiter, Waiter
 
@@ -105,6 +106,35 @@ class WeightedLimiterMachine(RuleBasedStateMachine):
 
 
 TestWeightedLimiter = WeightedLimiterMachine.TestCase
+
+
+class WeightedFairLimiterMachine(WeightedLimiterMachine):
+    """The same with priorities and tenants: whoever the fair line puts first keeps its place until
+    its units fit, and nobody else goes in meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # A still clock: aging moves nobody between two events, so the head is what the limiter saw.
+        self.limiter = Limiter(4, max_queue=6, line=FairLine(aging_s=10.0), clock=lambda: 0.0)
+
+    @rule(units=st.sampled_from([0.5, 1, 3, 7]), priority=st.integers(-1, 1), tenant=st.sampled_from(["a", "b", None]))
+    def arrive_classed(self, units: float, priority: int, tenant: str | None) -> None:
+        if self.limiter.try_acquire(units):
+            self.holding.append(units)
+        elif self.limiter.queued < self.limiter.max_queue:
+            self.waiting.append(self.limiter.join(Waiter(priority, tenant, units=units)))
+
+    @invariant()
+    def books_balance(self) -> None:
+        self.collect()
+        assert self.limiter.in_flight == sum(self.holding)
+        assert self.limiter.queued == len(self.waiting)
+        if self.waiting:  # the one the line serves next does not fit, or it would have gone in
+            head = self.limiter.line.peek_next(0.0)
+            assert self.limiter.in_flight > 0 and self.limiter.in_flight + head.units > self.limiter.limit
+
+
+TestWeightedFairLimiter = WeightedFairLimiterMachine.TestCase
 
 
 def weighted_app(**gate_options: object) -> tuple[FastAPI, list[float]]:
