@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 import time
@@ -376,3 +377,12 @@ async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
     stats = pixels.statistics()
     assert stats.failed_items == 0 and stats.batch_units is not None and 90 <= stats.batch_units <= 98
     assert max(units_run[-20:]) <= 98 and max(units_run) > 40  # several items per batch, within the room
+
+
+def test_the_gate_controller_has_the_controller_protocol_signatures() -> None:
+    from adaptive_gate._batch_gate import BatchCapacity
+    from adaptive_gate.control import Controller
+
+    for name in ("on_success", "on_oom", "on_sample", "bind"):
+        wanted = inspect.signature(getattr(Controller, name))
+        assert inspect.signature(getattr(BatchCapacity, name)) == wanted, name
