@@ -15,7 +15,8 @@ Callers wait in a line. The first of them leads: it waits until the line holds a
 batch may take or `max_wait_s` passed since the oldest item came, runs the batch (a sync function
 in a worker thread, never on the event loop), hands every caller its result, and passes the lead
 to the oldest caller still waiting. So one batch runs at a time, without a task of its own that
-would need a lifespan to start it. The batch runs shielded: a leader cancelled meanwhile gets its
+would need a lifespan to start it. No cancellation stops a running batch (`_batch_call.run_to_end`,
+anyio's scopes and asyncio's `task.cancel()` alike): a leader cancelled meanwhile gets its
 cancellation when the batch is over, and no other caller loses its batch for it (the work on the
 card could not be stopped anyway). A caller cancelled while it waits leaves the line at once.
 
@@ -42,6 +43,7 @@ from typing import Any, Generic, TypeVar, cast
 import anyio
 import anyio.to_thread
 
+from ._batch_call import Call, run_to_end
 from ._batch_gate import BatchCapacity
 from ._batch_policy import BatchPolicy
 from ._batch_probe import BatchProbe
@@ -56,32 +58,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 PEAK_PERIOD_S = 0.005
-
-
-class _Call(Generic[T, R]):
-    """One caller: its item, its answer once there is one, and the event that wakes it."""
-
-    __slots__ = ("item", "entry", "wake", "done", "value", "error", "started")
-
-    def __init__(self, item: T) -> None:
-        self.item = item
-        self.entry: Entry[_Call[T, R]] | None = None
-        self.wake = anyio.Event()
-        self.done = False
-        self.value: R | None = None
-        self.error: BaseException | None = None
-        self.started = False
-
-    def answer(self, value: R | None, error: BaseException | None) -> None:
-        if not self.done:
-            self.done, self.value, self.error = True, value, error
-            self.wake.set()
-
-    def result(self) -> R:
-        if self.error is not None:
-            error, self.error = self.error, None  # an OOM kept alive pins its frames' tensors
-            raise error
-        return cast(R, self.value)
 
 
 class Batched(Generic[T, R]):
@@ -108,8 +84,8 @@ class Batched(Generic[T, R]):
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
         self._cost = cost
         self._clock = clock
-        self._line: Assembly[_Call[T, R]] = Assembly()
-        self._leader: _Call[T, R] | None = None
+        self._line: Assembly[Call[T, R]] = Assembly()
+        self._leader: Call[T, R] | None = None
         self._arrived = anyio.Event()
         self._running = 0
         self._counts = dict.fromkeys(("batches", "items", "splits", "ooms", "failed", "cancelled"), 0)
@@ -121,7 +97,7 @@ class Batched(Generic[T, R]):
     # -- callers --------------------------------------------------------------------------------
 
     async def __call__(self, item: T) -> R:
-        call: _Call[T, R] = _Call(item)
+        call: Call[T, R] = Call(item)
         call.entry = Entry(call, self._units_of(item), self._clock())
         self._line.add(call.entry)
         if self._leader is None:
@@ -148,7 +124,7 @@ class Batched(Generic[T, R]):
             raise ValueError(f"cost(item) must be a finite number > 0, got {units!r} for {item!r}")
         return float(units)
 
-    def _leave(self, call: _Call[T, R]) -> None:
+    def _leave(self, call: Call[T, R]) -> None:
         """A caller cancelled before its answer: out of the line (its batch, if one runs, goes on)."""
         self._counts["cancelled"] += 1
         if call.entry is not None:
@@ -170,11 +146,10 @@ class Batched(Generic[T, R]):
         limits = self.policy.limits()
         entries = self._line.take(limits.items, limits.units)
         try:
-            with anyio.CancelScope(shield=True):
-                await self._execute(entries)
+            await run_to_end(lambda: self._execute(entries))
         finally:
-            for entry in entries:  # whatever went wrong in here, nobody waits for ever
-                entry.item.answer(None, RuntimeError("adaptive_gate.batch: the batch ended without an answer"))
+            unanswered = [entry for entry in entries if not entry.item.done]  # nobody waits for ever
+            self._fail(unanswered, RuntimeError("adaptive_gate.batch: the batch ended without an answer"))
             self._pass_lead()
 
     async def _wait_for_batch(self) -> None:
@@ -193,7 +168,7 @@ class Batched(Generic[T, R]):
         if sample is not None:
             self.policy.reading(self._clock(), sample.used_bytes, sample.total_bytes)
 
-    async def _execute(self, entries: list[Entry[_Call[T, R]]]) -> None:
+    async def _execute(self, entries: list[Entry[Call[T, R]]]) -> None:
         """Run the batch; on an OOM, its halves one after the other, each after a fresh reading."""
         parts, fresh = [entries], True
         while parts:
@@ -204,7 +179,7 @@ class Batched(Generic[T, R]):
             halves = await self._run(part)
             parts.extend(reversed(halves))  # the older half first
 
-    async def _run(self, part: list[Entry[_Call[T, R]]]) -> list[list[Entry[_Call[T, R]]]]:
+    async def _run(self, part: list[Entry[Call[T, R]]]) -> list[list[Entry[Call[T, R]]]]:
         """One call of the function; the halves to retry when it ran out of memory, else []."""
         units = sum(entry.units for entry in part)
         started_s = self._clock()
@@ -241,19 +216,19 @@ class Batched(Generic[T, R]):
             return await cast(Callable[[list[T]], Awaitable[Sequence[R]]], self.function)(items)
         return await anyio.to_thread.run_sync(cast(Callable[[list[T]], Sequence[R]], self.function), items)
 
-    def _note_start(self, part: list[Entry[_Call[T, R]]], started_s: float) -> None:
+    def _note_start(self, part: list[Entry[Call[T, R]]], started_s: float) -> None:
         for entry in part:
             if not entry.item.started:
                 entry.item.started = True
                 self._waited_s += started_s - entry.arrived_s
                 self._started += 1
 
-    def _fail(self, part: list[Entry[_Call[T, R]]], error: BaseException) -> None:
+    def _fail(self, part: list[Entry[Call[T, R]]], error: BaseException) -> None:
         self._counts["failed"] += len(part)
         for entry in part:
             entry.item.answer(None, error)
 
-    def _deliver(self, part: list[Entry[_Call[T, R]]], results: Any) -> None:
+    def _deliver(self, part: list[Entry[Call[T, R]]], results: Any) -> None:
         name = self.__name__
         if not isinstance(results, Sequence) or isinstance(results, str | bytes):
             self._fail(part, TypeError(f"{name} returned {type(results).__name__}; a batched function must "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
 import threading
 import time
+import traceback
 from typing import Any
 
 import anyio
@@ -97,6 +99,27 @@ async def test_an_error_of_the_whole_batch_reaches_every_caller_of_it() -> None:
     assert broken.statistics().failed_items == 3
 
 
+async def test_every_caller_of_a_failed_batch_gets_the_error_with_its_own_traceback() -> None:
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=8)
+    async def broken(items: list[int]) -> list[int]:
+        raise BadInput(f"a batch of {len(items)} failed")
+
+    broken.policy.knee.group = 3  # batches of several: one error for several callers
+    frames: list[int] = []
+
+    async def one(i: int) -> None:
+        try:
+            await broken(i)
+        except BadInput as exc:
+            frames.append(len(traceback.extract_tb(exc.__traceback__)))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i)
+    assert broken.statistics().batches == 0 and broken.statistics().failed_items == 6
+    assert len(frames) == 6 and len(set(frames)) == 1, f"the traceback grew from caller to caller: {frames}"
+
+
 @pytest.mark.parametrize("returned", [lambda items: items[:-1], lambda items: [*items, 0], lambda _: "ab", lambda _: 5])
 async def test_a_wrong_number_of_results_is_a_clear_error_to_every_caller(returned: Any) -> None:
     @batch(probe=None, max_wait_s=0.05, max_batch_size=2)
@@ -168,26 +191,75 @@ async def test_a_cancelled_leader_does_not_cancel_the_batch_for_the_others() -> 
     release = anyio.Event()
     started = anyio.Event()
     results: dict[int, int] = {}
+    outcome: dict[str, Any] = {}
+    leader_scope = anyio.CancelScope()
 
     async def follower(i: int) -> None:
         results[i] = await slow(i)
 
+    async def lead() -> None:
+        with leader_scope:  # the scope holds the leader's own await, so cancelling it reaches the leader
+            outcome["result"] = await slow(100)
+            await anyio.lowlevel.checkpoint()  # where the cancellation, held while the batch ran, lands
+            outcome["after"] = "not cancelled"
+        outcome["cancelled"] = leader_scope.cancelled_caught
+
     async with anyio.create_task_group() as tg:
-        with anyio.CancelScope() as leader_scope:
-            leader = anyio.Event()
-
-            async def lead() -> None:
-                leader.set()
-                await slow(100)
-
-            tg.start_soon(lead)
-            await leader.wait()
+        tg.start_soon(lead)
+        await anyio.lowlevel.checkpoint()  # the leader is in the line first
         tg.start_soon(follower, 1)
         tg.start_soon(follower, 2)
         await started.wait()
         leader_scope.cancel()
         release.set()
     assert results == {1: 2, 2: 3}
+    assert outcome == {"result": 101, "cancelled": True}
+
+
+@pytest.mark.parametrize("how", ["asyncio.timeout", "task.cancel"])
+async def test_a_leader_cancelled_by_plain_asyncio_still_answers_its_batch_and_runs_one_at_a_time(how: str) -> None:
+    started, release = threading.Event(), threading.Event()
+    running, most = [0], [0]
+
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=3)
+    def slow(items: list[int]) -> list[int]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        started.set()
+        release.wait(30)
+        running[0] -= 1
+        return [x + 1 for x in items]
+
+    release.set()
+    for _ in range(3):
+        await gather(slow, [0, 0, 0])
+    release.clear()
+    started.clear()
+    timeouts: list[asyncio.Timeout] = []
+
+    async def lead() -> int:
+        async with asyncio.timeout(None) as timeout:
+            timeouts.append(timeout)
+            result: int = await slow(100)
+            return result
+
+    leader = asyncio.ensure_future(lead())
+    await asyncio.sleep(0)  # the leader is in the line first
+    mates = [asyncio.ensure_future(slow(i)) for i in (1, 2)]
+    await anyio.to_thread.run_sync(started.wait)  # its batch runs in the worker thread
+    if how == "task.cancel":
+        leader.cancel()
+    else:
+        timeouts[0].reschedule(asyncio.get_running_loop().time())  # what asyncio.wait_for does at its timeout
+    await asyncio.sleep(0.01)
+    late = asyncio.ensure_future(slow(3))  # after the leader's cancellation: must wait for the batch
+    await asyncio.sleep(0.01)
+    release.set()
+    assert await asyncio.gather(*mates, late) == [2, 3, 4]
+    with pytest.raises(asyncio.CancelledError if how == "task.cancel" else TimeoutError):
+        await leader
+    assert most[0] == 1, "two batches ran at once"
+    assert slow.statistics().failed_items == 0 and slow._leader is None
 
 
 async def test_cancelled_while_waiting_leaves_the_line_and_passes_the_lead() -> None:
