@@ -78,16 +78,18 @@ class ItemBytes:
         return workspace, max(per_unit, self._floor_per_unit)
 
     def _fit(self) -> tuple[float, float]:
+        # Units are normalised by their mean first, so that no cost scale overflows the squares.
         n = len(self._seen)
-        mean_x = sum(x for x, _ in self._seen) / n
+        scale = sum(x for x, _ in self._seen) / n
+        xs = [x / scale for x, _ in self._seen]
         mean_y = sum(y for _, y in self._seen) / n
-        var_x = sum((x - mean_x) ** 2 for x, _ in self._seen) / n
-        if var_x > 1e-9 * mean_x * mean_x:
-            slope = sum((x - mean_x) * (y - mean_y) for x, y in self._seen) / n / var_x
-            intercept = mean_y - slope * mean_x
+        var_x = sum((x - 1.0) ** 2 for x in xs) / n
+        if var_x > 1e-9:
+            slope = sum((x - 1.0) * (y - mean_y) for x, (_, y) in zip(xs, self._seen, strict=True)) / n / var_x
+            intercept = mean_y - slope
             if slope > 0 and intercept >= 0:
-                return intercept, slope
-        return 0.0, mean_y / mean_x
+                return intercept, slope / scale
+        return 0.0, mean_y / scale
 
 
 class Knee:

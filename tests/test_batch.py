@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import random
 import threading
 import time
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from adaptive_gate import AdaptiveGate, Fixed, batch, is_oom
+from adaptive_gate import AdaptiveGate, Batched, Fixed, batch, is_oom
 from adaptive_gate.testing import SimulatedGPU
 
 pytestmark = pytest.mark.anyio
@@ -409,6 +410,8 @@ async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:
     ("kwargs", "error", "words"),
     [
         ({"max_wait_s": -1}, ValueError, "max_wait_s"),
+        ({"max_wait_s": math.inf}, ValueError, "max_wait_s must be at most 60 seconds"),
+        ({"max_wait_s": 3600}, ValueError, "max_wait_s must be at most 60 seconds"),
         ({"max_batch_size": 0}, ValueError, "max_batch_size"),
         ({"max_batch_size": 2.5}, TypeError, "max_batch_size"),
         ({"probe": "nvml"}, TypeError, 'probe must be "auto"'),
@@ -418,6 +421,17 @@ async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:
 def test_bad_arguments_say_what_is_wrong(kwargs: dict[str, Any], error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         batch(**kwargs)
+    options: dict[str, Any] = {"max_wait_s": 0.0, "max_batch_size": None, "probe": None, "cost": None} | kwargs
+    with pytest.raises(error, match=words):  # Batched built directly checks the same
+        Batched(lambda items: items, **options)
+
+
+def test_batch_without_parentheses_says_to_add_them() -> None:
+    with pytest.raises(TypeError, match=r"@adaptive_gate.batch\(\)"):
+
+        @batch
+        def echo(items: list[int]) -> list[int]:
+            return items
 
 
 async def test_a_bad_cost_fails_that_caller_alone() -> None:
@@ -429,6 +443,23 @@ async def test_a_bad_cost_fails_that_caller_alone() -> None:
         await echo(-1.0)
     assert await echo(2.0) == 2.0
     assert echo.statistics().queued == 0
+
+
+@pytest.mark.parametrize("units", [1e200, 1e-310])
+async def test_a_cost_out_of_range_fails_that_caller_and_leaves_the_batcher_whole(units: float) -> None:
+    gpu = SimulatedGPU(1 * GiB)
+
+    @batch(probe=gpu, max_wait_s=0.0, cost=lambda item: units if item < 0 else 1.0)
+    def echo(items: list[int]) -> list[int]:
+        with gpu.allocate(10 * MiB * len(items)):
+            time.sleep(0.02)  # the peak watch sees it
+        return items
+
+    for item in (-1, -2):
+        with pytest.raises(ValueError, match=r"cost\(item\) must return a number in \[1e-09, 2\*\*40\]"):
+            await echo(item)
+    assert [await echo(i) for i in (1, 2, 3)] == [1, 2, 3]
+    assert echo.statistics().items == 3 and echo.gate_controller().limit >= 1
 
 
 async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given
 
 from adaptive_gate._batch_policy import BatchPolicy, ItemBytes, Knee
@@ -32,6 +33,16 @@ def test_item_bytes_fits_workspace_and_per_unit_exactly_when_sizes_vary(
     else:  # one size: the workspace is shared out, so a batch of that size is predicted exactly
         assert estimate[0] == 0.0
         assert math.isclose(estimate[1] * sizes[0], workspace + sizes[0] * per_unit, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1e200])
+def test_item_bytes_fit_whatever_the_scale_of_the_units(scale: float) -> None:
+    learner = ItemBytes()
+    for n in (1, 2, 3):
+        learner.observe(n * scale, GiB + n * MiB)
+    estimate = learner.estimate()
+    assert estimate is not None and all(math.isfinite(x) for x in estimate)
+    assert math.isclose(estimate[0], GiB, rel_tol=1e-6) and math.isclose(estimate[1] * scale, MiB, rel_tol=1e-6)
 
 
 @given(
