@@ -70,6 +70,11 @@ class ItemBytes:
         """The OOM's lesson expires with its hold: readings decide again."""
         self._floor_per_unit = 0.0
 
+    def one_size(self) -> float | None:
+        """The units every batch seen had, where they all had the same; else None."""
+        sizes = {units for units, _ in self._seen}
+        return sizes.pop() if len(sizes) == 1 else None
+
     def estimate(self) -> tuple[float, float] | None:
         """(workspace bytes, bytes per unit), or None before any batch was seen."""
         if not self._seen:
@@ -245,7 +250,15 @@ class BatchPolicy:
         workspace, per_unit = estimate
         if per_unit <= 0:
             return math.inf
-        return max(0.0, (room - workspace) / per_unit)
+        units = max(0.0, (room - workspace) / per_unit)
+        size = self.bytes.one_size()
+        if size is not None and units > size:
+            # Only batches of one size seen, and it fit with room to spare: their bytes were all put
+            # on the units, so a large workspace would hold the size there for good. One more unit
+            # is allowed (an OOM is split and retried cheaply), so sizes vary and the fit separates
+            # the workspace from the bytes per unit.
+            units = max(units, size + 1)
+        return units
 
     def limits(self) -> BatchLimits:
         """The next batch's bounds (the first item always goes, whatever they say)."""

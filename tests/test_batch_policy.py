@@ -67,6 +67,18 @@ def test_the_memory_bound_never_exceeds_the_room_under_target(
         assert used + workspace + (n + 1) * per_unit > 0.9 * total * (1 - 1e-9)
 
 
+def test_one_batch_size_that_fit_with_room_to_spare_lets_the_next_batch_be_larger() -> None:
+    # A batch holds a 1000 MiB workspace plus 100 MiB per item; 1745.6 MiB of room under target: 7 fit.
+    policy = BatchPolicy()
+    policy.reading(0.0, 200 * MiB, 2 * GiB)
+    for t in range(3):
+        policy.batch_done(float(t), items=1, units=1, latency_s=0.01, peak_used_bytes=200 * MiB + 1100 * MiB)
+    assert policy.limits().units >= 2, "all the bytes charged to the item: stuck at one for good"
+    for t in range(3, 6):
+        policy.batch_done(float(t), items=2, units=2, latency_s=0.01, peak_used_bytes=200 * MiB + 1200 * MiB)
+    assert 7 <= policy.limits().units < 8
+
+
 def test_a_neighbour_arriving_and_leaving_moves_the_bound_at_the_next_reading() -> None:
     policy = BatchPolicy(target_utilisation=1.0)
     for n in (1, 2, 3, 4):
