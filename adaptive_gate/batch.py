@@ -23,7 +23,8 @@ card could not be stopped anyway). A caller cancelled while it waits leaves the 
 How large a batch may be is `_batch_policy.BatchPolicy`'s answer: what fits the card's room now,
 what still buys throughput, and `max_batch_size`. A batch that runs out of memory is split in
 halves, each retried, and the policy learns from it; an item that does not fit alone fails with
-the out-of-memory error, which the gate in front turns into a 503.
+the out-of-memory error, which the gate in front turns into a 503, and teaches the policy nothing
+(nor do the splits that led to it): one caller's input must not turn batching off for the rest.
 
 A batched function belongs to one event loop at a time (its line is plain data, not locked): one
 per process, as a service has.
@@ -174,13 +175,21 @@ class Batched(Generic[T, R]):
     async def _execute(self, entries: list[Entry[Call[T, R]]]) -> None:
         """Run the batch; on an OOM, its halves one after the other, each after a fresh reading."""
         parts, fresh = [entries], True
+        split_units: list[float] = []  # parts that ran out of memory and were split
+        failed_alone = self._counts["ooms"]
         while parts:
             part = parts.pop()
             if not fresh:
                 await self._read()
             fresh = False
             halves = await self._run(part)
+            if halves:
+                split_units.append(sum(entry.units for entry in part))
             parts.extend(reversed(halves))  # the older half first
+        # An item that ran out of memory alone says nothing of the batch size (else one hostile caller
+        # could keep batching off): the splits that led to it teach only where no item failed alone.
+        if split_units and self._counts["ooms"] == failed_alone:
+            self.policy.batch_oom(self._clock(), units=min(split_units))
 
     async def _run(self, part: list[Entry[Call[T, R]]]) -> list[list[Entry[Call[T, R]]]]:
         """One call of the function; the halves to retry when it ran out of memory, else []."""
@@ -197,8 +206,6 @@ class Batched(Generic[T, R]):
             peak = watch.end() if watch is not None else None
             self._running = 0
             oom = is_oom(exc)
-            if oom:
-                self.policy.batch_oom(self._clock(), units=units)
             if not oom or len(part) == 1:
                 self._counts["ooms"] += oom
                 self._fail(part, exc)  # the whole batch's error, or the OOM of an item too large alone

@@ -345,6 +345,24 @@ async def test_an_item_too_large_alone_fails_with_the_oom() -> None:
     assert fn.statistics().ooms == 2
 
 
+async def test_an_item_too_large_alone_teaches_nothing_about_the_batch_size() -> None:
+    gpu = SimulatedGPU(1 * GiB)
+
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=8)
+    def run(items: list[Any]) -> list[Any]:
+        with gpu.allocate(sum({"poison": 2 * GiB, "big": 400 * MiB}.get(x, MiB) for x in items)):
+            pass
+        return items
+
+    run.policy.knee.group = 3  # batches of several
+    answers = await gather(run, [1, "poison", 3, 4])
+    assert is_oom(answers[1]) and answers[0] == 1 and answers[2:] == [3, 4]
+    assert await gather(run, ["poison"]) and run.statistics().splits >= 1
+    assert run.statistics().bound != "oom" and run.statistics().batch_size == 8, "one caller turned batching off"
+    answers = await gather(run, ["big"] * 4)  # a batch too large for the card, every item fits alone: a lesson
+    assert answers == ["big"] * 4 and run.statistics().bound == "oom"
+
+
 async def test_batch_sizes_follow_a_neighbour_arriving_and_leaving() -> None:
     # 2 GiB card, 200 MiB taken, 100 MiB per item and per batch: about 16 fit, 6 beside 1 GiB.
     gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
