@@ -27,7 +27,8 @@ the out-of-memory error, which the gate in front turns into a 503, and teaches t
 (nor do the splits that led to it): one caller's input must not turn batching off for the rest.
 
 A batched function belongs to one event loop at a time (its line is plain data, not locked): one
-per process, as a service has.
+per process, as a service has. A caller from another loop while the line is in use gets a
+RuntimeError that says so, instead of a hang.
 
 Not `ray.serve.batch` or a queue with a consumer task: both need the batch size fixed in advance,
 and a consumer task needs a lifespan to run in, which a decorator does not have.
@@ -37,11 +38,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from ._batch_call import Call, run_to_end
@@ -83,10 +87,13 @@ class Batched(Generic[T, R]):
         self.max_wait_s = _check_options(max_wait_s, max_batch_size, probe, cost)
         self.policy = BatchPolicy(max_batch_size=max_batch_size)
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
+        weakref.finalize(self, self._probe.close)  # its threads end with it
         self._cost = cost
         self._clock = clock
         self._line: Assembly[Call[T, R]] = Assembly()
         self._leader: Call[T, R] | None = None
+        self._loop: anyio.lowlevel.EventLoopToken | None = None  # the loop whose callers use the line
+        self._joining = threading.Lock()
         self._arrived = anyio.Event()
         self._running = 0
         self._counts = dict.fromkeys(("batches", "items", "splits", "ooms", "failed", "cancelled"), 0)
@@ -100,11 +107,13 @@ class Batched(Generic[T, R]):
     async def __call__(self, item: T) -> R:
         call: Call[T, R] = Call(item)
         call.entry = Entry(call, self._units_of(item), self._clock())
-        self._line.add(call.entry)
-        if self._leader is None:
-            self._leader = call
-        else:
-            self._arrived.set()  # a leader waiting for its batch to fill looks again
+        with self._joining:  # two threads' loops must not both find the line idle
+            self._check_loop()
+            self._line.add(call.entry)
+            if self._leader is None:
+                self._leader = call
+            else:
+                self._arrived.set()  # a leader waiting for its batch to fill looks again
         try:
             while not call.done:
                 if self._leader is call:
@@ -116,6 +125,16 @@ class Batched(Generic[T, R]):
             if not call.done:
                 self._leave(call)
         return call.result()
+
+    def _check_loop(self) -> None:
+        """The line is plain data of one event loop: another loop may use it only once it is idle."""
+        loop = anyio.lowlevel.current_token()
+        if self._loop is not None and self._loop != loop and (self._leader is not None or self._line):
+            raise RuntimeError(
+                f"adaptive_gate.batch: {self.__name__} is in use on another event loop; a batched function "
+                "belongs to one event loop at a time (one per process): give each loop its own"
+            )
+        self._loop = loop
 
     def _units_of(self, item: T) -> float:
         if self._cost is None:

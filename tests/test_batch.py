@@ -507,3 +507,26 @@ def test_the_gate_controller_has_the_controller_protocol_signatures() -> None:
     for name in ("on_success", "on_oom", "on_sample", "bind"):
         wanted = inspect.signature(getattr(Controller, name))
         assert inspect.signature(getattr(BatchCapacity, name)) == wanted, name
+
+
+def test_a_second_event_loop_gets_an_error_while_the_first_uses_the_line() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @batch(probe=None, max_wait_s=0.0)
+    def held(items: list[int]) -> list[int]:
+        started.set()
+        release.wait(30)
+        return items
+
+    results: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: results.update(first=asyncio.run(held(1))))
+    thread.start()
+    assert started.wait(30)  # the first loop's batch runs
+    try:
+        with pytest.raises(RuntimeError, match="in use on another event loop"):
+            asyncio.run(asyncio.wait_for(held(2), 10))
+    finally:
+        release.set()
+        thread.join(30)
+    assert results == {"first": 1}
+    assert asyncio.run(held(3)) == 3  # once the line is idle, another loop may use it
