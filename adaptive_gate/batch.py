@@ -52,8 +52,7 @@ from ._batch_call import Call, run_to_end
 from ._batch_gate import BatchCapacity
 from ._batch_policy import BatchPolicy
 from ._batch_probe import BatchProbe
-from ._batching import Assembly, BatchStatistics, Entry
-from ._checks import check_int, check_seconds
+from ._batching import Assembly, BatchStatistics, Entry, check_options, check_units
 from .oom import is_oom
 from .probes import Probe
 
@@ -63,8 +62,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 PEAK_PERIOD_S = 0.005
-MAX_WAIT_S = 60.0  # a caller's item waits at most this long for company; longer is a hang, not a batch
-MIN_UNITS, MAX_UNITS = 1e-9, float(2**40)  # what cost(item) may answer: the policy's arithmetic stays finite
 
 
 class Batched(Generic[T, R]):
@@ -84,7 +81,7 @@ class Batched(Generic[T, R]):
         self.is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
             getattr(function, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
         )
-        self.max_wait_s = _check_options(max_wait_s, max_batch_size, probe, cost)
+        self.max_wait_s = check_options(max_wait_s, max_batch_size, probe, cost)
         self.policy = BatchPolicy(max_batch_size=max_batch_size)
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
         weakref.finalize(self, self._probe.close)  # its threads end with it
@@ -139,13 +136,7 @@ class Batched(Generic[T, R]):
     def _units_of(self, item: T) -> float:
         if self._cost is None:
             return 1.0
-        units = self._cost(item)
-        if isinstance(units, bool) or not isinstance(units, int | float) or not MIN_UNITS <= units <= MAX_UNITS:
-            raise ValueError(
-                f"cost(item) must return a number in [{MIN_UNITS:g}, 2**40] (units of cost: pixels, tokens), "
-                f"got {units!r} for {item!r}"
-            )
-        return float(units)
+        return check_units(self._cost(item), item)
 
     def _leave(self, call: Call[T, R]) -> None:
         """A caller cancelled before its answer: out of the line (its batch, if one runs, goes on)."""
@@ -316,23 +307,6 @@ class Batched(Generic[T, R]):
         return BatchCapacity(self)
 
 
-def _check_options(max_wait_s: object, max_batch_size: object, probe: object, cost: object) -> float:
-    """`batch()`'s arguments, checked the same whether it or `Batched(...)` gets them; `max_wait_s` back."""
-    wait_s = check_seconds("max_wait_s", max_wait_s)
-    if wait_s > MAX_WAIT_S:
-        raise ValueError(
-            f"max_wait_s must be at most {MAX_WAIT_S:g} seconds (it is how long a lone caller waits for company), "
-            f"got {max_wait_s}"
-        )
-    if max_batch_size is not None:
-        check_int("max_batch_size", max_batch_size, 1)
-    if not (probe is None or probe == "auto" or (not isinstance(probe, str) and hasattr(probe, "sample"))):
-        raise TypeError(f'probe must be "auto", None or an object with sample() -> MemorySample, got {probe!r}')
-    if cost is not None and not callable(cost):
-        raise TypeError(f"cost must be None or a callable (item) -> float, got {cost!r}")
-    return wait_s
-
-
 def batch(
     function: object = None,
     /,
@@ -345,7 +319,7 @@ def batch(
     """Batch calls to `def f(items: list[T]) -> list[R]` (or its `async def`); see the module's docstring."""
     if function is not None:
         raise TypeError("batch takes its options by keyword: write @adaptive_gate.batch() with the parentheses")
-    _check_options(max_wait_s, max_batch_size, probe, cost)
+    check_options(max_wait_s, max_batch_size, probe, cost)
 
     def decorate(function: Callable[[list[Any]], Any]) -> Batched[Any, Any]:
         if not callable(function):
