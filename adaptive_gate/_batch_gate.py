@@ -50,10 +50,10 @@ class BatchCapacity:
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         pass  # the batcher learns from its own batches; the limit is read from it
 
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
         pass
 
-    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         pass
 
     def describe(self) -> dict[str, Any]:

@@ -70,6 +70,11 @@ class ItemBytes:
         """The OOM's lesson expires with its hold: readings decide again."""
         self._floor_per_unit = 0.0
 
+    def one_size(self) -> float | None:
+        """The units every batch seen had, where they all had the same; else None."""
+        sizes = {units for units, _ in self._seen}
+        return sizes.pop() if len(sizes) == 1 else None
+
     def estimate(self) -> tuple[float, float] | None:
         """(workspace bytes, bytes per unit), or None before any batch was seen."""
         if not self._seen:
@@ -78,16 +83,18 @@ class ItemBytes:
         return workspace, max(per_unit, self._floor_per_unit)
 
     def _fit(self) -> tuple[float, float]:
+        # Units are normalised by their mean first, so that no cost scale overflows the squares.
         n = len(self._seen)
-        mean_x = sum(x for x, _ in self._seen) / n
+        scale = sum(x for x, _ in self._seen) / n
+        xs = [x / scale for x, _ in self._seen]
         mean_y = sum(y for _, y in self._seen) / n
-        var_x = sum((x - mean_x) ** 2 for x, _ in self._seen) / n
-        if var_x > 1e-9 * mean_x * mean_x:
-            slope = sum((x - mean_x) * (y - mean_y) for x, y in self._seen) / n / var_x
-            intercept = mean_y - slope * mean_x
+        var_x = sum((x - 1.0) ** 2 for x in xs) / n
+        if var_x > 1e-9:
+            slope = sum((x - 1.0) * (y - mean_y) for x, (_, y) in zip(xs, self._seen, strict=True)) / n / var_x
+            intercept = mean_y - slope
             if slope > 0 and intercept >= 0:
-                return intercept, slope
-        return 0.0, mean_y / mean_x
+                return intercept, slope / scale
+        return 0.0, mean_y / scale
 
 
 class Knee:
@@ -243,7 +250,15 @@ class BatchPolicy:
         workspace, per_unit = estimate
         if per_unit <= 0:
             return math.inf
-        return max(0.0, (room - workspace) / per_unit)
+        units = max(0.0, (room - workspace) / per_unit)
+        size = self.bytes.one_size()
+        if size is not None and units > size:
+            # Only batches of one size seen, and it fit with room to spare: their bytes were all put
+            # on the units, so a large workspace would hold the size there for good. One more unit
+            # is allowed (an OOM is split and retried cheaply), so sizes vary and the fit separates
+            # the workspace from the bytes per unit.
+            units = max(units, size + 1)
+        return units
 
     def limits(self) -> BatchLimits:
         """The next batch's bounds (the first item always goes, whatever they say)."""

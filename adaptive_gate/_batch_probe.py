@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ._sampler import ProbeThread
+from ._sampler import ProbeHung, ProbeThread
 from .memory import MemorySample, check_sample
 from .probes import Probe, auto_probe
 
@@ -30,6 +30,7 @@ class PeakWatch:
         self._period_s = period_s
         self._condition = threading.Condition()
         self._running = False
+        self._closed = False
         self._generation = 0
         self._peak: int | None = None
         self._thread: threading.Thread | None = None
@@ -50,11 +51,19 @@ class PeakWatch:
             self._running = False
             return self._peak
 
+    def close(self) -> None:
+        """The thread ends once the reading it takes (if any) returns."""
+        with self._condition:
+            self._closed, self._running = True, False
+            self._condition.notify()
+
     def _serve(self) -> None:
         while True:
             with self._condition:
-                while not self._running:
+                while not self._running and not self._closed:
                     self._condition.wait()
+                if self._closed:
+                    return
                 generation = self._generation
             try:
                 used: int | None = check_sample(self._probe.sample()).used_bytes
@@ -93,13 +102,23 @@ class BatchProbe:
             return None
 
     async def _resolve(self) -> None:
-        self._resolved = True
+        # Resolved only once there is an answer: a leader cancelled while the probe starts must not
+        # leave the batcher without one for good. Its start still runs in the probe's thread; the
+        # next leader that finds it running (ProbeHung) goes without a reading and asks again later.
         try:
-            probe, self.description = await self._thread.call(auto_probe, START_TIMEOUT_S)
+            probe, description = await self._thread.call(auto_probe, START_TIMEOUT_S)
+        except ProbeHung:
+            return
         except Exception as exc:
-            probe, self.description = None, f"probe: none, it failed to start: {exc!r}"
-        self.probe = probe
+            probe, description = None, f"probe: none, it failed to start: {exc!r}"
+        self._resolved, self.probe, self.description = True, probe, description
         self.watch = None if probe is None else PeakWatch(probe, self._period_s)
+
+    def close(self) -> None:
+        """End both threads (`Batched` calls it once it is collected): nothing else would."""
+        self._thread.close()
+        if self.watch is not None:
+            self.watch.close()
 
     def _error(self, message: str) -> None:
         self.errors += 1

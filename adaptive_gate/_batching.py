@@ -10,7 +10,7 @@ as many as fit the bounds, and always at least one: an item larger than every bo
 alone, so that it fails with its own error instead of waiting for ever.
 
 `BatchStatistics`, the frozen snapshot `Batched.statistics()` answers, lives here too: plain data,
-importable without the async layer.
+importable without the async layer; so do the checks of `batch()`'s options and of `cost(item)`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["Assembly", "BatchStatistics", "Entry"]
+from ._checks import check_int, check_seconds
+
+__all__ = [
+    "MAX_UNITS",
+    "MAX_WAIT_S",
+    "MIN_UNITS",
+    "Assembly",
+    "BatchStatistics",
+    "Entry",
+    "check_options",
+    "check_units",
+]
 
 T = TypeVar("T")
+
+MAX_WAIT_S = 60.0  # a caller's item waits at most this long for company; longer is a hang, not a batch
+MIN_UNITS, MAX_UNITS = 1e-9, float(2**40)  # what cost(item) may answer: the policy's arithmetic stays finite
 
 
 @dataclass(eq=False)
@@ -114,3 +128,30 @@ class Assembly(Generic[T]):
             batch.append(entry)
         self._units = 0.0 if not self._line else self._units - units
         return batch
+
+
+def check_options(max_wait_s: object, max_batch_size: object, probe: object, cost: object) -> float:
+    """`batch()`'s arguments, checked the same whether it or `Batched(...)` gets them; `max_wait_s` back."""
+    wait_s = check_seconds("max_wait_s", max_wait_s)
+    if wait_s > MAX_WAIT_S:
+        raise ValueError(
+            f"max_wait_s must be at most {MAX_WAIT_S:g} seconds (it is how long a lone caller waits for company), "
+            f"got {max_wait_s}"
+        )
+    if max_batch_size is not None:
+        check_int("max_batch_size", max_batch_size, 1)
+    if not (probe is None or probe == "auto" or (not isinstance(probe, str) and hasattr(probe, "sample"))):
+        raise TypeError(f'probe must be "auto", None or an object with sample() -> MemorySample, got {probe!r}')
+    if cost is not None and not callable(cost):
+        raise TypeError(f"cost must be None or a callable (item) -> float, got {cost!r}")
+    return wait_s
+
+
+def check_units(units: object, item: object) -> float:
+    """What `cost(item)` answered, if it is a number of units the policy can count with."""
+    if isinstance(units, bool) or not isinstance(units, int | float) or not MIN_UNITS <= units <= MAX_UNITS:
+        raise ValueError(
+            f"cost(item) must return a number in [{MIN_UNITS:g}, 2**40] (units of cost: pixels, tokens), "
+            f"got {units!r} for {item!r}"
+        )
+    return float(units)

@@ -15,17 +15,20 @@ Callers wait in a line. The first of them leads: it waits until the line holds a
 batch may take or `max_wait_s` passed since the oldest item came, runs the batch (a sync function
 in a worker thread, never on the event loop), hands every caller its result, and passes the lead
 to the oldest caller still waiting. So one batch runs at a time, without a task of its own that
-would need a lifespan to start it. The batch runs shielded: a leader cancelled meanwhile gets its
+would need a lifespan to start it. No cancellation stops a running batch (`_batch_call.run_to_end`,
+anyio's scopes and asyncio's `task.cancel()` alike): a leader cancelled meanwhile gets its
 cancellation when the batch is over, and no other caller loses its batch for it (the work on the
 card could not be stopped anyway). A caller cancelled while it waits leaves the line at once.
 
 How large a batch may be is `_batch_policy.BatchPolicy`'s answer: what fits the card's room now,
 what still buys throughput, and `max_batch_size`. A batch that runs out of memory is split in
 halves, each retried, and the policy learns from it; an item that does not fit alone fails with
-the out-of-memory error, which the gate in front turns into a 503.
+the out-of-memory error, which the gate in front turns into a 503, and teaches the policy nothing
+(nor do the splits that led to it): one caller's input must not turn batching off for the rest.
 
 A batched function belongs to one event loop at a time (its line is plain data, not locked): one
-per process, as a service has.
+per process, as a service has. A caller from another loop while the line is in use gets a
+RuntimeError that says so, instead of a hang.
 
 Not `ray.serve.batch` or a queue with a consumer task: both need the batch size fixed in advance,
 and a consumer task needs a lifespan to run in, which a decorator does not have.
@@ -35,18 +38,21 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
+from ._batch_call import Call, run_to_end
 from ._batch_gate import BatchCapacity
 from ._batch_policy import BatchPolicy
 from ._batch_probe import BatchProbe
-from ._batching import Assembly, BatchStatistics, Entry
-from ._checks import check_int, check_seconds
+from ._batching import Assembly, BatchStatistics, Entry, check_options, check_units
 from .oom import is_oom
 from .probes import Probe
 
@@ -56,32 +62,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 PEAK_PERIOD_S = 0.005
-
-
-class _Call(Generic[T, R]):
-    """One caller: its item, its answer once there is one, and the event that wakes it."""
-
-    __slots__ = ("item", "entry", "wake", "done", "value", "error", "started")
-
-    def __init__(self, item: T) -> None:
-        self.item = item
-        self.entry: Entry[_Call[T, R]] | None = None
-        self.wake = anyio.Event()
-        self.done = False
-        self.value: R | None = None
-        self.error: BaseException | None = None
-        self.started = False
-
-    def answer(self, value: R | None, error: BaseException | None) -> None:
-        if not self.done:
-            self.done, self.value, self.error = True, value, error
-            self.wake.set()
-
-    def result(self) -> R:
-        if self.error is not None:
-            error, self.error = self.error, None  # an OOM kept alive pins its frames' tensors
-            raise error
-        return cast(R, self.value)
 
 
 class Batched(Generic[T, R]):
@@ -101,15 +81,16 @@ class Batched(Generic[T, R]):
         self.is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
             getattr(function, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
         )
-        self.max_wait_s = check_seconds("max_wait_s", max_wait_s)
-        if max_batch_size is not None:
-            check_int("max_batch_size", max_batch_size, 1)
+        self.max_wait_s = check_options(max_wait_s, max_batch_size, probe, cost)
         self.policy = BatchPolicy(max_batch_size=max_batch_size)
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
+        weakref.finalize(self, self._probe.close)  # its threads end with it
         self._cost = cost
         self._clock = clock
-        self._line: Assembly[_Call[T, R]] = Assembly()
-        self._leader: _Call[T, R] | None = None
+        self._line: Assembly[Call[T, R]] = Assembly()
+        self._leader: Call[T, R] | None = None
+        self._loop: anyio.lowlevel.EventLoopToken | None = None  # the loop whose callers use the line
+        self._joining = threading.Lock()
         self._arrived = anyio.Event()
         self._running = 0
         self._counts = dict.fromkeys(("batches", "items", "splits", "ooms", "failed", "cancelled"), 0)
@@ -121,13 +102,15 @@ class Batched(Generic[T, R]):
     # -- callers --------------------------------------------------------------------------------
 
     async def __call__(self, item: T) -> R:
-        call: _Call[T, R] = _Call(item)
+        call: Call[T, R] = Call(item)
         call.entry = Entry(call, self._units_of(item), self._clock())
-        self._line.add(call.entry)
-        if self._leader is None:
-            self._leader = call
-        else:
-            self._arrived.set()  # a leader waiting for its batch to fill looks again
+        with self._joining:  # two threads' loops must not both find the line idle
+            self._check_loop()
+            self._line.add(call.entry)
+            if self._leader is None:
+                self._leader = call
+            else:
+                self._arrived.set()  # a leader waiting for its batch to fill looks again
         try:
             while not call.done:
                 if self._leader is call:
@@ -140,15 +123,22 @@ class Batched(Generic[T, R]):
                 self._leave(call)
         return call.result()
 
+    def _check_loop(self) -> None:
+        """The line is plain data of one event loop: another loop may use it only once it is idle."""
+        loop = anyio.lowlevel.current_token()
+        if self._loop is not None and self._loop != loop and (self._leader is not None or self._line):
+            raise RuntimeError(
+                f"adaptive_gate.batch: {self.__name__} is in use on another event loop; a batched function "
+                "belongs to one event loop at a time (one per process): give each loop its own"
+            )
+        self._loop = loop
+
     def _units_of(self, item: T) -> float:
         if self._cost is None:
             return 1.0
-        units = self._cost(item)
-        if isinstance(units, bool) or not isinstance(units, int | float) or not math.isfinite(units) or units <= 0:
-            raise ValueError(f"cost(item) must be a finite number > 0, got {units!r} for {item!r}")
-        return float(units)
+        return check_units(self._cost(item), item)
 
-    def _leave(self, call: _Call[T, R]) -> None:
+    def _leave(self, call: Call[T, R]) -> None:
         """A caller cancelled before its answer: out of the line (its batch, if one runs, goes on)."""
         self._counts["cancelled"] += 1
         if call.entry is not None:
@@ -170,11 +160,10 @@ class Batched(Generic[T, R]):
         limits = self.policy.limits()
         entries = self._line.take(limits.items, limits.units)
         try:
-            with anyio.CancelScope(shield=True):
-                await self._execute(entries)
+            await run_to_end(lambda: self._execute(entries))
         finally:
-            for entry in entries:  # whatever went wrong in here, nobody waits for ever
-                entry.item.answer(None, RuntimeError("adaptive_gate.batch: the batch ended without an answer"))
+            unanswered = [entry for entry in entries if not entry.item.done]  # nobody waits for ever
+            self._fail(unanswered, RuntimeError("adaptive_gate.batch: the batch ended without an answer"))
             self._pass_lead()
 
     async def _wait_for_batch(self) -> None:
@@ -193,18 +182,26 @@ class Batched(Generic[T, R]):
         if sample is not None:
             self.policy.reading(self._clock(), sample.used_bytes, sample.total_bytes)
 
-    async def _execute(self, entries: list[Entry[_Call[T, R]]]) -> None:
+    async def _execute(self, entries: list[Entry[Call[T, R]]]) -> None:
         """Run the batch; on an OOM, its halves one after the other, each after a fresh reading."""
         parts, fresh = [entries], True
+        split_units: list[float] = []  # parts that ran out of memory and were split
+        failed_alone = self._counts["ooms"]
         while parts:
             part = parts.pop()
             if not fresh:
                 await self._read()
             fresh = False
             halves = await self._run(part)
+            if halves:
+                split_units.append(sum(entry.units for entry in part))
             parts.extend(reversed(halves))  # the older half first
+        # An item that ran out of memory alone says nothing of the batch size (else one hostile caller
+        # could keep batching off): the splits that led to it teach only where no item failed alone.
+        if split_units and self._counts["ooms"] == failed_alone:
+            self.policy.batch_oom(self._clock(), units=min(split_units))
 
-    async def _run(self, part: list[Entry[_Call[T, R]]]) -> list[list[Entry[_Call[T, R]]]]:
+    async def _run(self, part: list[Entry[Call[T, R]]]) -> list[list[Entry[Call[T, R]]]]:
         """One call of the function; the halves to retry when it ran out of memory, else []."""
         units = sum(entry.units for entry in part)
         started_s = self._clock()
@@ -219,8 +216,6 @@ class Batched(Generic[T, R]):
             peak = watch.end() if watch is not None else None
             self._running = 0
             oom = is_oom(exc)
-            if oom:
-                self.policy.batch_oom(self._clock(), units=units)
             if not oom or len(part) == 1:
                 self._counts["ooms"] += oom
                 self._fail(part, exc)  # the whole batch's error, or the OOM of an item too large alone
@@ -241,19 +236,19 @@ class Batched(Generic[T, R]):
             return await cast(Callable[[list[T]], Awaitable[Sequence[R]]], self.function)(items)
         return await anyio.to_thread.run_sync(cast(Callable[[list[T]], Sequence[R]], self.function), items)
 
-    def _note_start(self, part: list[Entry[_Call[T, R]]], started_s: float) -> None:
+    def _note_start(self, part: list[Entry[Call[T, R]]], started_s: float) -> None:
         for entry in part:
             if not entry.item.started:
                 entry.item.started = True
                 self._waited_s += started_s - entry.arrived_s
                 self._started += 1
 
-    def _fail(self, part: list[Entry[_Call[T, R]]], error: BaseException) -> None:
+    def _fail(self, part: list[Entry[Call[T, R]]], error: BaseException) -> None:
         self._counts["failed"] += len(part)
         for entry in part:
             entry.item.answer(None, error)
 
-    def _deliver(self, part: list[Entry[_Call[T, R]]], results: Any) -> None:
+    def _deliver(self, part: list[Entry[Call[T, R]]], results: Any) -> None:
         name = self.__name__
         if not isinstance(results, Sequence) or isinstance(results, str | bytes):
             self._fail(part, TypeError(f"{name} returned {type(results).__name__}; a batched function must "
@@ -313,6 +308,8 @@ class Batched(Generic[T, R]):
 
 
 def batch(
+    function: object = None,
+    /,
     *,
     max_wait_s: float = 0.005,
     max_batch_size: int | None = None,
@@ -320,13 +317,9 @@ def batch(
     cost: Callable[[Any], float] | None = None,
 ) -> Callable[[Callable[[list[Any]], Any]], Batched[Any, Any]]:
     """Batch calls to `def f(items: list[T]) -> list[R]` (or its `async def`); see the module's docstring."""
-    check_seconds("max_wait_s", max_wait_s)
-    if max_batch_size is not None:
-        check_int("max_batch_size", max_batch_size, 1)
-    if not (probe is None or probe == "auto" or hasattr(probe, "sample")):
-        raise TypeError(f'probe must be "auto", None or an object with sample() -> MemorySample, got {probe!r}')
-    if cost is not None and not callable(cost):
-        raise TypeError(f"cost must be None or a callable (item) -> float, got {cost!r}")
+    if function is not None:
+        raise TypeError("batch takes its options by keyword: write @adaptive_gate.batch() with the parentheses")
+    check_options(max_wait_s, max_batch_size, probe, cost)
 
     def decorate(function: Callable[[list[Any]], Any]) -> Batched[Any, Any]:
         if not callable(function):

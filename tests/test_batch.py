@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import math
 import random
 import threading
 import time
+import traceback
 from typing import Any
 
 import anyio
@@ -17,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from adaptive_gate import AdaptiveGate, Fixed, batch, is_oom
+from adaptive_gate import AdaptiveGate, Batched, Fixed, batch, is_oom
 from adaptive_gate.testing import SimulatedGPU
 
 pytestmark = pytest.mark.anyio
@@ -96,6 +100,27 @@ async def test_an_error_of_the_whole_batch_reaches_every_caller_of_it() -> None:
     assert broken.statistics().failed_items == 3
 
 
+async def test_every_caller_of_a_failed_batch_gets_the_error_with_its_own_traceback() -> None:
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=8)
+    async def broken(items: list[int]) -> list[int]:
+        raise BadInput(f"a batch of {len(items)} failed")
+
+    broken.policy.knee.group = 3  # batches of several: one error for several callers
+    frames: list[int] = []
+
+    async def one(i: int) -> None:
+        try:
+            await broken(i)
+        except BadInput as exc:
+            frames.append(len(traceback.extract_tb(exc.__traceback__)))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i)
+    assert broken.statistics().batches == 0 and broken.statistics().failed_items == 6
+    assert len(frames) == 6 and len(set(frames)) == 1, f"the traceback grew from caller to caller: {frames}"
+
+
 @pytest.mark.parametrize("returned", [lambda items: items[:-1], lambda items: [*items, 0], lambda _: "ab", lambda _: 5])
 async def test_a_wrong_number_of_results_is_a_clear_error_to_every_caller(returned: Any) -> None:
     @batch(probe=None, max_wait_s=0.05, max_batch_size=2)
@@ -167,26 +192,75 @@ async def test_a_cancelled_leader_does_not_cancel_the_batch_for_the_others() -> 
     release = anyio.Event()
     started = anyio.Event()
     results: dict[int, int] = {}
+    outcome: dict[str, Any] = {}
+    leader_scope = anyio.CancelScope()
 
     async def follower(i: int) -> None:
         results[i] = await slow(i)
 
+    async def lead() -> None:
+        with leader_scope:  # the scope holds the leader's own await, so cancelling it reaches the leader
+            outcome["result"] = await slow(100)
+            await anyio.lowlevel.checkpoint()  # where the cancellation, held while the batch ran, lands
+            outcome["after"] = "not cancelled"
+        outcome["cancelled"] = leader_scope.cancelled_caught
+
     async with anyio.create_task_group() as tg:
-        with anyio.CancelScope() as leader_scope:
-            leader = anyio.Event()
-
-            async def lead() -> None:
-                leader.set()
-                await slow(100)
-
-            tg.start_soon(lead)
-            await leader.wait()
+        tg.start_soon(lead)
+        await anyio.lowlevel.checkpoint()  # the leader is in the line first
         tg.start_soon(follower, 1)
         tg.start_soon(follower, 2)
         await started.wait()
         leader_scope.cancel()
         release.set()
     assert results == {1: 2, 2: 3}
+    assert outcome == {"result": 101, "cancelled": True}
+
+
+@pytest.mark.parametrize("how", ["asyncio.timeout", "task.cancel"])
+async def test_a_leader_cancelled_by_plain_asyncio_still_answers_its_batch_and_runs_one_at_a_time(how: str) -> None:
+    started, release = threading.Event(), threading.Event()
+    running, most = [0], [0]
+
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=3)
+    def slow(items: list[int]) -> list[int]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        started.set()
+        release.wait(30)
+        running[0] -= 1
+        return [x + 1 for x in items]
+
+    release.set()
+    for _ in range(3):
+        await gather(slow, [0, 0, 0])
+    release.clear()
+    started.clear()
+    timeouts: list[asyncio.Timeout] = []
+
+    async def lead() -> int:
+        async with asyncio.timeout(None) as timeout:
+            timeouts.append(timeout)
+            result: int = await slow(100)
+            return result
+
+    leader = asyncio.ensure_future(lead())
+    await asyncio.sleep(0)  # the leader is in the line first
+    mates = [asyncio.ensure_future(slow(i)) for i in (1, 2)]
+    await anyio.to_thread.run_sync(started.wait)  # its batch runs in the worker thread
+    if how == "task.cancel":
+        leader.cancel()
+    else:
+        timeouts[0].reschedule(asyncio.get_running_loop().time())  # what asyncio.wait_for does at its timeout
+    await asyncio.sleep(0.01)
+    late = asyncio.ensure_future(slow(3))  # after the leader's cancellation: must wait for the batch
+    await asyncio.sleep(0.01)
+    release.set()
+    assert await asyncio.gather(*mates, late) == [2, 3, 4]
+    with pytest.raises(asyncio.CancelledError if how == "task.cancel" else TimeoutError):
+        await leader
+    assert most[0] == 1, "two batches ran at once"
+    assert slow.statistics().failed_items == 0 and slow._leader is None
 
 
 async def test_cancelled_while_waiting_leaves_the_line_and_passes_the_lead() -> None:
@@ -271,6 +345,24 @@ async def test_an_item_too_large_alone_fails_with_the_oom() -> None:
     assert fn.statistics().ooms == 2
 
 
+async def test_an_item_too_large_alone_teaches_nothing_about_the_batch_size() -> None:
+    gpu = SimulatedGPU(1 * GiB)
+
+    @batch(probe=None, max_wait_s=0.05, max_batch_size=8)
+    def run(items: list[Any]) -> list[Any]:
+        with gpu.allocate(sum({"poison": 2 * GiB, "big": 400 * MiB}.get(x, MiB) for x in items)):
+            pass
+        return items
+
+    run.policy.knee.group = 3  # batches of several
+    answers = await gather(run, [1, "poison", 3, 4])
+    assert is_oom(answers[1]) and answers[0] == 1 and answers[2:] == [3, 4]
+    assert await gather(run, ["poison"]) and run.statistics().splits >= 1
+    assert run.statistics().bound != "oom" and run.statistics().batch_size == 8, "one caller turned batching off"
+    answers = await gather(run, ["big"] * 4)  # a batch too large for the card, every item fits alone: a lesson
+    assert answers == ["big"] * 4 and run.statistics().bound == "oom"
+
+
 async def test_batch_sizes_follow_a_neighbour_arriving_and_leaving() -> None:
     # 2 GiB card, 200 MiB taken, 100 MiB per item and per batch: about 16 fit, 6 beside 1 GiB.
     gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
@@ -336,6 +428,8 @@ async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:
     ("kwargs", "error", "words"),
     [
         ({"max_wait_s": -1}, ValueError, "max_wait_s"),
+        ({"max_wait_s": math.inf}, ValueError, "max_wait_s must be at most 60 seconds"),
+        ({"max_wait_s": 3600}, ValueError, "max_wait_s must be at most 60 seconds"),
         ({"max_batch_size": 0}, ValueError, "max_batch_size"),
         ({"max_batch_size": 2.5}, TypeError, "max_batch_size"),
         ({"probe": "nvml"}, TypeError, 'probe must be "auto"'),
@@ -345,6 +439,17 @@ async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:
 def test_bad_arguments_say_what_is_wrong(kwargs: dict[str, Any], error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         batch(**kwargs)
+    options: dict[str, Any] = {"max_wait_s": 0.0, "max_batch_size": None, "probe": None, "cost": None} | kwargs
+    with pytest.raises(error, match=words):  # Batched built directly checks the same
+        Batched(lambda items: items, **options)
+
+
+def test_batch_without_parentheses_says_to_add_them() -> None:
+    with pytest.raises(TypeError, match=r"@adaptive_gate.batch\(\)"):
+
+        @batch
+        def echo(items: list[int]) -> list[int]:
+            return items
 
 
 async def test_a_bad_cost_fails_that_caller_alone() -> None:
@@ -356,6 +461,23 @@ async def test_a_bad_cost_fails_that_caller_alone() -> None:
         await echo(-1.0)
     assert await echo(2.0) == 2.0
     assert echo.statistics().queued == 0
+
+
+@pytest.mark.parametrize("units", [1e200, 1e-310])
+async def test_a_cost_out_of_range_fails_that_caller_and_leaves_the_batcher_whole(units: float) -> None:
+    gpu = SimulatedGPU(1 * GiB)
+
+    @batch(probe=gpu, max_wait_s=0.0, cost=lambda item: units if item < 0 else 1.0)
+    def echo(items: list[int]) -> list[int]:
+        with gpu.allocate(10 * MiB * len(items)):
+            time.sleep(0.02)  # the peak watch sees it
+        return items
+
+    for item in (-1, -2):
+        with pytest.raises(ValueError, match=r"cost\(item\) must return a number in \[1e-09, 2\*\*40\]"):
+            await echo(item)
+    assert [await echo(i) for i in (1, 2, 3)] == [1, 2, 3]
+    assert echo.statistics().items == 3 and echo.gate_controller().limit >= 1
 
 
 async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
@@ -376,3 +498,35 @@ async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
     stats = pixels.statistics()
     assert stats.failed_items == 0 and stats.batch_units is not None and 90 <= stats.batch_units <= 98
     assert max(units_run[-20:]) <= 98 and max(units_run) > 40  # several items per batch, within the room
+
+
+def test_the_gate_controller_has_the_controller_protocol_signatures() -> None:
+    from adaptive_gate._batch_gate import BatchCapacity
+    from adaptive_gate.control import Controller
+
+    for name in ("on_success", "on_oom", "on_sample", "bind"):
+        wanted = inspect.signature(getattr(Controller, name))
+        assert inspect.signature(getattr(BatchCapacity, name)) == wanted, name
+
+
+def test_a_second_event_loop_gets_an_error_while_the_first_uses_the_line() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @batch(probe=None, max_wait_s=0.0)
+    def held(items: list[int]) -> list[int]:
+        started.set()
+        release.wait(30)
+        return items
+
+    results: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: results.update(first=asyncio.run(held(1))))
+    thread.start()
+    assert started.wait(30)  # the first loop's batch runs
+    try:
+        with pytest.raises(RuntimeError, match="in use on another event loop"):
+            asyncio.run(asyncio.wait_for(held(2), 10))
+    finally:
+        release.set()
+        thread.join(30)
+    assert results == {"first": 1}
+    assert asyncio.run(held(3)) == 3  # once the line is idle, another loop may use it

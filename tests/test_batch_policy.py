@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given
 
 from adaptive_gate._batch_policy import BatchPolicy, ItemBytes, Knee
@@ -34,6 +35,16 @@ def test_item_bytes_fits_workspace_and_per_unit_exactly_when_sizes_vary(
         assert math.isclose(estimate[1] * sizes[0], workspace + sizes[0] * per_unit, rel_tol=1e-9)
 
 
+@pytest.mark.parametrize("scale", [1e-9, 1e200])
+def test_item_bytes_fit_whatever_the_scale_of_the_units(scale: float) -> None:
+    learner = ItemBytes()
+    for n in (1, 2, 3):
+        learner.observe(n * scale, GiB + n * MiB)
+    estimate = learner.estimate()
+    assert estimate is not None and all(math.isfinite(x) for x in estimate)
+    assert math.isclose(estimate[0], GiB, rel_tol=1e-6) and math.isclose(estimate[1] * scale, MiB, rel_tol=1e-6)
+
+
 @given(
     total=st.integers(4 * GiB, 80 * GiB),
     used_fraction=st.floats(0.0, 0.9),
@@ -54,6 +65,18 @@ def test_the_memory_bound_never_exceeds_the_room_under_target(
     if n >= 1 and len(set(sizes)) > 1:
         assert used + workspace + n * per_unit <= 0.9 * total * (1 + 1e-9)
         assert used + workspace + (n + 1) * per_unit > 0.9 * total * (1 - 1e-9)
+
+
+def test_one_batch_size_that_fit_with_room_to_spare_lets_the_next_batch_be_larger() -> None:
+    # A batch holds a 1000 MiB workspace plus 100 MiB per item; 1745.6 MiB of room under target: 7 fit.
+    policy = BatchPolicy()
+    policy.reading(0.0, 200 * MiB, 2 * GiB)
+    for t in range(3):
+        policy.batch_done(float(t), items=1, units=1, latency_s=0.01, peak_used_bytes=200 * MiB + 1100 * MiB)
+    assert policy.limits().units >= 2, "all the bytes charged to the item: stuck at one for good"
+    for t in range(3, 6):
+        policy.batch_done(float(t), items=2, units=2, latency_s=0.01, peak_used_bytes=200 * MiB + 1200 * MiB)
+    assert 7 <= policy.limits().units < 8
 
 
 def test_a_neighbour_arriving_and_leaving_moves_the_bound_at_the_next_reading() -> None:
