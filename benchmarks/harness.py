@@ -280,9 +280,10 @@ class World:
 
 
 class OracleMiddleware:
-    """A byte budget that knows the future: each request's size, and the room the card has in each
-    phase, set the very moment the card changes. First come, first served. With one size for all it
-    is a semaphore of exactly what fits; with drawn sizes it admits the next one as soon as it fits."""
+    """What an operator who knows the future would set, the very moment the card changes: where all
+    requests have one size, a semaphore of exactly what fits (requests queued before the change
+    count as the new size: the operator resizes a semaphore, not a byte budget); where sizes are
+    drawn, a byte budget that knows each request's size. First come, first served."""
 
     def __init__(self, app: ASGIApp, *, world: World) -> None:
         self.app = app
@@ -305,8 +306,14 @@ class OracleMiddleware:
         self.room_bytes = self._room_bytes(phase)
         self._hand_over()
 
+    def _fits(self, nbytes: int) -> bool:
+        size = self.world.phase.request_bytes
+        if isinstance(size, Size):  # one size for all: a semaphore of what fits, whatever is queued
+            return self.in_flight < self.limit
+        return self.committed_bytes + nbytes <= self.room_bytes
+
     def _hand_over(self) -> None:
-        while self.line and (self.in_flight == 0 or self.committed_bytes + self.line[0][0] <= self.room_bytes):
+        while self.line and (self.in_flight == 0 or self._fits(self.line[0][0])):
             nbytes, event = self.line.popleft()
             self.committed_bytes += nbytes
             self.in_flight += 1
