@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptive_gate.control import AIMD, Controller, Fixed
-from adaptive_gate.memory import MemorySample
 from adaptive_gate.simulation import Phase, SimulationResult, simulate
 
 from .harness import OOM_AFTER_FRACTION, GiB, Scenario
@@ -27,35 +26,23 @@ STATICS = [1, 2, 3, 4, 5, 6]
 DEADLINE_S = 5.0
 
 
-class Oracle:
+class Oracle(Fixed):
     """A controller that knows the future: `limits` as (from second, limit), applied on the tick the
-    simulator gives when the card changes."""
+    simulator gives when the card changes; deaf to everything else, as `Fixed` is."""
 
     def __init__(self, limits: list[tuple[float, int]]) -> None:
+        super().__init__(limits[0][1])
         self.limits = limits
-        self._fixed = Fixed(limits[0][1])
 
-    limit = property(lambda self: self._fixed.limit)
-    epoch = property(lambda self: 0)
-    reason = property(lambda self: "oracle")
-
-    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
-        self._fixed.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
+    @property
+    def reason(self) -> str:
+        return "oracle"
 
     def on_tick(self, *, now_s: float) -> None:
-        self._fixed._limit = [limit for at_s, limit in self.limits if at_s <= now_s + 1e-9][-1]
-
-    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
-        pass
-
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: int) -> None:
-        pass
-
-    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: int) -> None:
-        pass
+        self._limit = self._clamp([limit for at_s, limit in self.limits if at_s <= now_s + 1e-9][-1])
 
     def describe(self) -> dict[str, Any]:
-        return {"controller": "oracle"}
+        return {"controller": "oracle", "bound": "controller"}
 
 
 @dataclass
