@@ -51,7 +51,9 @@ class Tally:
     def as_dict(self) -> dict[str, int]:
         return {
             "arrived": self.arrived,
-            "admitted": self.arrived - self.rejected - self.left,
+            # Not turned away nor gone (yet): a waiter counts until it is answered. Never below 0:
+            # a tenant dropped from the table may see a rejection for an arrival "other" holds.
+            "admitted": max(0, self.arrived - self.rejected - self.left),
             "rejected": self.rejected,
             "left": self.left,
         }

@@ -19,7 +19,6 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from enum import Enum
 
 from ._accounts import ClassCounts, ServiceEstimates
 from ._admission import OVERLOAD_MODES, DrainRate, queue_up
@@ -27,6 +26,7 @@ from ._codel import ControlledDelay
 from ._operator import OperatorBounds
 from ._queue import FairLine, FifoLine
 from ._swallowed import SwallowedOoms
+from ._tickets import Outcome, Ticket, _Probe, units_of_cost
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
@@ -40,66 +40,6 @@ MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has fini
 PROBE_BROKEN_AFTER_ERRORS = 3  # the probe shows as degraded after this many failed readings in a row
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-
-
-COST_QUANTUM = 1 / 64  # costs are counted in 64ths: sums of them are exact in binary, so nothing drifts
-MAX_COST = float(1 << 20)
-
-
-def units_of_cost(cost: object) -> float:
-    """What a request weighs in slots, from the `cost` hook's answer: a finite number > 0, rounded
-    to a 64th (at least one 64th)."""
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
-        raise ValueError(
-            f"the gate's cost hook must return a number > 0 and <= {MAX_COST:.0f} (what a request weighs: "
-            f"a batch size, pixels, tokens), got {cost!r}"
-        )
-    return max(COST_QUANTUM, round(cost / COST_QUANTUM) * COST_QUANTUM)
-
-
-class Outcome(Enum):
-    COMPLETED = "completed"  # a response below 400: a latency sample for the controller
-    FAILED = "failed"  # 4xx/5xx, an exception, a cancellation, a client gone: no sample
-    OOM = "oom"  # it ran out of memory (the OOM itself is reported with `oom`)
-
-
-class Ticket:
-    """One admitted request's hold on a slot, given back exactly once through `GateCore.release`."""
-
-    __slots__ = (
-        "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
-        "sending_since_s", "abandoned", "units", "route",
-    )  # fmt: skip
-
-    def __init__(
-        self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool, units: float = 1
-    ) -> None:
-        self.admitted_s = admitted_s
-        self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
-        self.busy_area_at_admission = busy_area
-        self.epoch = epoch
-        # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
-        self.serial = serial
-        self.alone_at_admission = alone
-        self.released = False
-        # Kept by the driver: since when its response has waited on the client (None: it does not),
-        # and whether it was given up for that.
-        self.sending_since_s: float | None = None
-        self.abandoned = False
-        self.route: object = None  # set by the driver: whose service time this one's teaches
-
-
-class _Probe:
-    """How the memory probe fares, as the events have told it."""
-
-    def __init__(self) -> None:
-        self.description = "not started"
-        self.device = "none"
-        self.simulated = False
-        self.last_sample: MemorySample | None = None
-        self.last_error: str | None = None
-        self.errors = 0
-        self.consecutive_errors = 0
 
 
 class GateCore:
@@ -390,7 +330,8 @@ class GateCore:
         still serves on OOM and latency signals) into no service at all. It shows in `degraded`.
         """
         limiter = self.limiter
-        if limiter.queued >= limiter.max_queue and limiter.in_flight >= limiter.limit:
+        # A full line refuses every newcomer, even with units free beside a heavy head that waits.
+        if limiter.queued >= limiter.max_queue and (limiter.queued > 0 or limiter.in_flight >= limiter.limit):
             return False, [f"the queue is full ({limiter.queued} waiting)"]
         return True, []
 

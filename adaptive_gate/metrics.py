@@ -138,14 +138,17 @@ def _request_families(stats: GateStatistics) -> Iterator[Metric]:
 
 def _class_families(stats: GateStatistics) -> Iterator[Metric]:
     """Per priority and per tenant (the busiest, the rest as "other": bounded label values)."""
-    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
 
+    # Gauges, not counters: the busiest tenants change (and with them what "other" holds), and a
+    # request still waiting counts as admitted until it is turned away or leaves.
     for label, tallies in (("priority", stats.priorities), ("tenant", stats.tenants)):
         if not tallies:
             continue
-        family = CounterMetricFamily(
+        family = GaugeMetricFamily(
             f"adaptive_gate_{label}_requests",
-            f"Gated requests per {label}, by what became of them before a slot",
+            f"Gated requests per {label} so far, by what became of them before a slot (admitted: not turned "
+            "away, nor gone, yet); a snapshot per class, not monotonic",
             labels=[label, "outcome"],
         )
         for name, tally in tallies.items():

@@ -22,10 +22,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._answers import REJECTION_DETAILS, Answers
 from ._background import serve_lifespan
 from ._body import Body, BodyBudget, ReadOutcome, read_body, request_head
 from ._classify import Classifier
-from ._endpoints import Endpoints, send_json
+from ._endpoints import Endpoints
 from ._line import wait_in_line
 from ._operations import Operations
 from ._routes import GatedRoute, RouteTable, route_path
@@ -44,14 +45,7 @@ __all__ = ["AdaptiveGate", "ClientNotReading"]
 logger = logging.getLogger("adaptive_gate")
 
 MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
-CLOSE = [(b"connection", b"close")]
 ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
-REJECTION_DETAILS = {
-    "queue_full": "too many requests are waiting for the GPU",
-    "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
-    "overload": "the queue has held a standing delay: new requests are shed until it drains",
-    "evicted": "a more important request took this one's place in the full queue",
-}
 
 
 class ClientNotReading(Exception):
@@ -134,10 +128,10 @@ class AdaptiveGate:
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
         )
         self._endpoints = Endpoints(self.options)
+        self._answers = Answers(self.core, self.options)
         self._routes = RouteTable(self.options.tag, fallback_app=app)
         self.ops.tick_hooks.append(self._routes.notice_changes)
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
-        self._oom_logged_epoch = -1
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -238,7 +232,7 @@ class AdaptiveGate:
             alone = self._out_of_memory(ticket, scope)
             if response_started:
                 raise  # mid-stream: the status line is gone, the server must close the connection
-            await self._answer_oom(send, alone=alone)
+            await self._answers.answer_oom(send, alone=alone)
         finally:
             watch.ended(ticket)
             if not ticket.released:  # an exception, a cancellation, a response never finished
@@ -260,41 +254,18 @@ class AdaptiveGate:
         finally:  # admitted or gone: the queue no longer holds these bytes
             self._body_budget.give_back(body.nbytes)
 
-    async def _answer_oom(self, send: Send, *, alone: bool) -> None:
-        if alone:
-            detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
-            await self._reject(send, "too_large", detail)
-        else:
-            await self._reject(send, "oom", "the GPU ran out of memory for this request; retry later")
-
     def _out_of_memory(self, ticket: Ticket, scope: Scope) -> bool:
         """The core hears of the OOM, the log says it once per event; True when it ran alone."""
         now_s = self._clock()
         alone = self.core.oom(ticket, now_s)
         self.core.release(ticket, now_s, Outcome.OOM)
-        self._log_oom(ticket, scope, alone=alone)
+        self._answers.log_oom(ticket, scope, alone=alone)
         return alone
-
-    def _log_oom(self, ticket: Ticket, scope: Scope, *, alone: bool) -> None:
-        # One line per congestion event, not per request: a burst of OOMs is one story.
-        level = logging.WARNING if ticket.epoch > self._oom_logged_epoch or alone else logging.DEBUG
-        self._oom_logged_epoch = max(self._oom_logged_epoch, ticket.epoch)
-        limiter = self.core.limiter
-        logger.log(
-            level,
-            "adaptive_gate: out of memory in %s %s with %d in flight, answered %d; limit now %d%s",
-            scope["method"],
-            scope["path"],
-            limiter.in_flight + 1,
-            self.options.reject_status,
-            limiter.limit,
-            " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
-        )
 
     async def _read_body(self, receive: Receive, send: Send, deadline_s: float, length: int | None) -> Body | None:
         """The whole body, before the request may take a slot; None when already answered."""
         if length is not None and length > self.options.max_body_bytes:  # -1: unreadable, found out by reading
-            await self._refuse_body(send, ReadOutcome.TOO_LARGE)
+            await self._answers.refuse_body(send, ReadOutcome.TOO_LARGE)
             return None
         timeout_s = min(self.options.body_timeout, max(deadline_s, MIN_BODY_READ_S))
         body = await read_body(
@@ -305,21 +276,12 @@ class AdaptiveGate:
         if body.outcome is ReadOutcome.DISCONNECTED:
             self.core.left()
         elif body.outcome is ReadOutcome.BUFFER_FULL:
-            await self._reject(send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer")
+            await self._answers.reject(
+                send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer"
+            )
         else:
-            await self._refuse_body(send, body.outcome)
+            await self._answers.refuse_body(send, body.outcome)
         return None
-
-    async def _refuse_body(self, send: Send, outcome: ReadOutcome) -> None:
-        """413 or 408: the client's own doing, no capacity answer (no Retry-After, not `rejected`)."""
-        too_large = outcome is ReadOutcome.TOO_LARGE
-        self.core.body_refused(too_large=too_large)
-        if too_large:
-            detail = f"the request body is over max_body_bytes ({self.options.max_body_bytes} bytes)"
-            await send_json(send, 413, {"detail": detail, "reason": "body_too_large"}, headers=CLOSE)
-        else:
-            detail = "the request body did not arrive within the body timeout (or the request's deadline)"
-            await send_json(send, 408, {"detail": detail, "reason": "body_timeout"}, headers=CLOSE)
 
     async def _wait_for_slot(
         self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None
@@ -327,35 +289,18 @@ class AdaptiveGate:
         """Wait for the slot a place in line brings, or answer a rejection. True when admitted."""
         if isinstance(admission, str):
             detail = REJECTION_DETAILS[admission]
-            await self._reject(send, admission, detail, request_class=request_class)
+            await self._answers.reject(send, admission, detail, request_class=request_class)
             return False
         # It waits only as long as it could still finish in time: its deadline less its work.
         outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission))
         if outcome == "left":
             self.core.left(*(request_class or ()))
         elif outcome == "evicted":
-            await self._reject(send, "evicted", REJECTION_DETAILS["evicted"], request_class=request_class)
+            await self._answers.reject(send, "evicted", REJECTION_DETAILS["evicted"], request_class=request_class)
         elif outcome != "granted":
             detail = "no GPU slot became free in time for the request to finish before its deadline"
-            await self._reject(send, "deadline", detail, timed_out=True, request_class=request_class)
+            await self._answers.reject(send, "deadline", detail, timed_out=True, request_class=request_class)
         return outcome == "granted"
-
-    async def _reject(
-        self,
-        send: Send,
-        reason: str,
-        detail: str,
-        *,
-        timed_out: bool = False,
-        request_class: tuple[int, str | None] | None = None,
-    ) -> None:
-        # Without a class: no classes configured, or an answer outside admission (a full body
-        # buffer, an OOM): not counted per class.
-        priority, tenant = (None, None) if request_class is None else request_class
-        retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
-        body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
-        headers = [(b"retry-after", str(retry_after_s).encode())]
-        await send_json(send, self.options.reject_status, body, headers=headers)
 
     # -- what tests and embedders read -------------------------------------------------------------
 

@@ -175,3 +175,17 @@ async def test_a_cost_hook_that_answers_nonsense_fails_the_request_and_holds_not
 def test_a_cost_that_is_not_callable_is_refused_with_a_fix() -> None:
     with pytest.raises(TypeError, match=r"cost must be None .* or a callable \(scope\) -> float"):
         AdaptiveGate(FastAPI(), cost=3)  # type: ignore[arg-type]
+
+
+def test_a_full_line_behind_a_heavy_head_is_not_ready() -> None:
+    """Found in review: with units free beside a heavy waiter at the head, readiness said ready
+    while every newcomer was answered queue_full."""
+    from adaptive_gate import Fixed
+    from adaptive_gate.core import GateCore
+
+    core = GateCore(Fixed(4), min_limit=1, max_limit=4, initial_limit=None, max_queue=1, max_retry_after_s=60,
+                    clock=lambda: 0.0)  # fmt: skip
+    assert core.arrive(30.0, units=3) == "admitted"
+    assert not isinstance(core.arrive(30.0, units=2), str)  # waits: 3 + 2 > 4
+    assert core.arrive(30.0, units=1) == "queue_full"  # 1 would fit beside the 3, but the line is full
+    assert core.readiness()[0] is False

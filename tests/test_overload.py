@@ -4,6 +4,7 @@ fake clock (the core) or through the middleware where the wire matters (headers,
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import anyio
@@ -271,8 +272,8 @@ async def test_status_and_metrics_show_priorities_and_tenants() -> None:
     metrics = gate.metrics
     assert metrics is not None
     samples = parse(metrics.render().decode())
-    assert samples[("adaptive_gate_tenant_requests_total", (("outcome", "rejected"), ("tenant", "b")))] == 1
-    assert samples[("adaptive_gate_priority_requests_total", (("outcome", "admitted"), ("priority", "9")))] == 1
+    assert samples[("adaptive_gate_tenant_requests", (("outcome", "rejected"), ("tenant", "b")))] == 1
+    assert samples[("adaptive_gate_priority_requests", (("outcome", "admitted"), ("priority", "9")))] == 1
 
 
 @pytest.mark.parametrize(
@@ -367,3 +368,26 @@ class ClassedCoreMachine(CoreMachine):
 
 ClassedCoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
 TestClassedCoreMachine = ClassedCoreMachine.TestCase
+
+
+@pytest.mark.anyio
+async def test_a_waiter_from_before_the_queue_stood_is_answered_after_its_patience() -> None:
+    """Found in review: a waiter that joined before the queue stood kept its whole deadline as its
+    timer; under newest first its turn never came, and it waited the deadline, not its patience."""
+    from adaptive_gate._body import Body
+    from adaptive_gate._line import wait_in_line
+
+    core = GateCore(Fixed(1), min_limit=1, max_limit=1, initial_limit=1, max_queue=10, max_retry_after_s=60,
+                    clock=time.monotonic)  # fmt: skip
+    assert core.arrive(30.0) is ADMITTED  # the one slot, held throughout
+    waiter = core.limiter.join(Waiter(latest_start_s=time.monotonic() + 30.0, patience_s=0.05))
+    assert core.delay is not None
+    core.delay.overloaded = True  # the queue stands now (it did not when the waiter joined)
+
+    async def never_disconnects() -> dict[str, object]:
+        await anyio.sleep_forever()
+        return {}
+
+    with anyio.fail_after(5):  # without the fix it waits its whole 30 s
+        outcome = await wait_in_line(core, waiter, Body(never_disconnects), 30.0)
+    assert outcome == "deadline" and core.limiter.queued == 0 and core.limiter.in_flight == 1

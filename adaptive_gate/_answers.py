@@ -1,0 +1,87 @@
+"""The gate's own answers: `503`/`429` with `Retry-After` for capacity, `413`/`408` for bodies
+that are the client's doing, and the log line an OOM deserves (one per congestion event).
+
+Kept apart from the middleware so the way of a request there reads without the wording of its
+refusals.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.types import Scope, Send
+
+from ._body import ReadOutcome
+from ._endpoints import send_json
+from .core import GateCore, Ticket
+from .options import GateOptions
+
+__all__ = ["CLOSE", "REJECTION_DETAILS", "Answers"]
+
+logger = logging.getLogger("adaptive_gate")
+
+CLOSE = [(b"connection", b"close")]
+REJECTION_DETAILS = {
+    "queue_full": "too many requests are waiting for the GPU",
+    "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
+    "overload": "the queue has held a standing delay: new requests are shed until it drains",
+    "evicted": "a more important request took this one's place in the full queue",
+}
+
+
+class Answers:
+    def __init__(self, core: GateCore, options: GateOptions) -> None:
+        self.core = core
+        self.options = options
+        self._oom_logged_epoch = -1
+
+    async def reject(
+        self,
+        send: Send,
+        reason: str,
+        detail: str,
+        *,
+        timed_out: bool = False,
+        request_class: tuple[int, str | None] | None = None,
+    ) -> None:
+        # Without a class: no classes configured, or an answer outside admission (a full body
+        # buffer, an OOM): not counted per class.
+        priority, tenant = (None, None) if request_class is None else request_class
+        retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
+        body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
+        headers = [(b"retry-after", str(retry_after_s).encode())]
+        await send_json(send, self.options.reject_status, body, headers=headers)
+
+    async def refuse_body(self, send: Send, outcome: ReadOutcome) -> None:
+        """413 or 408: the client's own doing, no capacity answer (no Retry-After, not `rejected`)."""
+        too_large = outcome is ReadOutcome.TOO_LARGE
+        self.core.body_refused(too_large=too_large)
+        if too_large:
+            detail = f"the request body is over max_body_bytes ({self.options.max_body_bytes} bytes)"
+            await send_json(send, 413, {"detail": detail, "reason": "body_too_large"}, headers=CLOSE)
+        else:
+            detail = "the request body did not arrive within the body timeout (or the request's deadline)"
+            await send_json(send, 408, {"detail": detail, "reason": "body_timeout"}, headers=CLOSE)
+
+    async def answer_oom(self, send: Send, *, alone: bool) -> None:
+        if alone:
+            detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
+            await self.reject(send, "too_large", detail)
+        else:
+            await self.reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+
+    def log_oom(self, ticket: Ticket, scope: Scope, *, alone: bool) -> None:
+        # One line per congestion event, not per request: a burst of OOMs is one story.
+        level = logging.WARNING if ticket.epoch > self._oom_logged_epoch or alone else logging.DEBUG
+        self._oom_logged_epoch = max(self._oom_logged_epoch, ticket.epoch)
+        limiter = self.core.limiter
+        logger.log(
+            level,
+            "adaptive_gate: out of memory in %s %s with %g in flight, answered %d; limit now %d%s",
+            scope["method"],
+            scope["path"],
+            limiter.in_flight + ticket.units,
+            self.options.reject_status,
+            limiter.limit,
+            " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
+        )

@@ -1,0 +1,73 @@
+"""What the core hands out and is told back: a request's `Ticket` on its slots, the `Outcome` it
+ended with, what it weighs (`units_of_cost`), and how the memory probe fares.
+
+Kept apart from `core.py` so the drivers (the middleware, the simulator) and the core share these
+small types without the core's bookkeeping around them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .memory import MemorySample
+
+__all__ = ["COST_QUANTUM", "MAX_COST", "Outcome", "Ticket", "units_of_cost"]
+
+COST_QUANTUM = 1 / 64  # costs are counted in 64ths: sums of them are exact in binary, so nothing drifts
+MAX_COST = float(1 << 20)
+
+
+def units_of_cost(cost: object) -> float:
+    """What a request weighs in slots, from the `cost` hook's answer: a finite number > 0, rounded
+    to a 64th (at least one 64th)."""
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
+        raise ValueError(
+            f"the gate's cost hook must return a number > 0 and <= {MAX_COST:.0f} (what a request weighs: "
+            f"a batch size, pixels, tokens), got {cost!r}"
+        )
+    return max(COST_QUANTUM, round(cost / COST_QUANTUM) * COST_QUANTUM)
+
+
+class Outcome(Enum):
+    COMPLETED = "completed"  # a response below 400: a latency sample for the controller
+    FAILED = "failed"  # 4xx/5xx, an exception, a cancellation, a client gone: no sample
+    OOM = "oom"  # it ran out of memory (the OOM itself is reported with `oom`)
+
+
+class Ticket:
+    """One admitted request's hold on a slot, given back exactly once through `GateCore.release`."""
+
+    __slots__ = (
+        "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
+        "sending_since_s", "abandoned", "units", "route",
+    )  # fmt: skip
+
+    def __init__(
+        self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool, units: float = 1
+    ) -> None:
+        self.admitted_s = admitted_s
+        self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
+        self.busy_area_at_admission = busy_area
+        self.epoch = epoch
+        # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
+        self.serial = serial
+        self.alone_at_admission = alone
+        self.released = False
+        # Kept by the driver: since when its response has waited on the client (None: it does not),
+        # and whether it was given up for that.
+        self.sending_since_s: float | None = None
+        self.abandoned = False
+        self.route: object = None  # set by the driver: whose service time this one's teaches
+
+
+class _Probe:
+    """How the memory probe fares, as the events have told it."""
+
+    def __init__(self) -> None:
+        self.description = "not started"
+        self.device = "none"
+        self.simulated = False
+        self.last_sample: MemorySample | None = None
+        self.last_error: str | None = None
+        self.errors = 0
+        self.consecutive_errors = 0
