@@ -6,7 +6,7 @@ it computes (processor sharing past the card's knee). Only what stands in front 
 * `none`: nothing; an OOM is a 500.
 * `static-N`: `asyncio.Semaphore(N)` and a thread pool of N, the recipe users copy today.
 * `oracle`: a semaphore resized at the very moment the card changes to exactly what fits then
-  (where sizes are drawn, the best static-N stands in). It knows the future: the ceiling.
+  (where sizes are drawn, a byte budget that knows each size). It knows the future: the ceiling.
 * `adaptive`: `AdaptiveGate` with its defaults, told nothing about the card (in the mixed-cost
   scenario, told what each request weighs through its `cost` hook).
 
@@ -25,8 +25,7 @@ import math
 import random
 import statistics
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,51 +35,17 @@ import httpx
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from adaptive_gate import AdaptiveGate
 from adaptive_gate.status import percentiles_ms
 from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
 
-GiB = 2**30
+from .fronts import CrashSimulator, OracleMiddleware, header
+from .model import GiB, Phase, Scenario, Size
 
-
-@dataclass(frozen=True)
-class Size:
-    """Every request takes `nbytes`: the oracle can tell how many fit."""
-
-    nbytes: int
-
-    def __call__(self, _: random.Random) -> int:
-        return self.nbytes
-
-
-@dataclass(frozen=True)
-class Phase:
-    """From `at_fraction` of the run on: request sizes and the neighbour's bytes."""
-
-    at_fraction: float
-    request_bytes: Callable[[random.Random], int]
-    neighbour_bytes: int = 0
-    # > 0: a greedy neighbour that takes this much more whenever it is free, up to `neighbour_bytes`
-    neighbour_step_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    phases: list[Phase]
-    total_bytes: int = 24 * GiB
-    weights_bytes: int = 8 * GiB
-    work_s: float = 0.1
-    knee: float = 6.0
-    capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
-    crash_on_oom: bool = False
-    cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
-    lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)
+__all__ = ["DEADLINE_S", "OOM_AFTER_FRACTION", "GiB", "Phase", "RunResult", "Scenario", "Size", "run"]
 
 
 @dataclass
@@ -143,41 +108,6 @@ def settle_time_s(series: list[tuple[float, float, int, int, int]]) -> float | N
     return 0.0
 
 
-class CrashSimulator:
-    """Outermost: while the worker is 'restarting', everything fails; so do requests it was serving."""
-
-    def __init__(self, app: ASGIApp, *, world: World) -> None:
-        self.app = app
-        self.world = world
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.world.scenario.crash_on_oom:
-            await self.app(scope, receive, send)
-            return
-        if time.monotonic() < self.world.down_until_s:
-            await JSONResponse({"detail": "worker restarting"}, 502)(scope, receive, send)
-            return
-        crashes_at_start = self.world.crashes
-        replaced = False
-
-        async def send_unless_crashed(message: Message) -> None:
-            nonlocal replaced
-            if self.world.crashes != crashes_at_start or replaced:
-                if not replaced:
-                    replaced = True
-                    await JSONResponse({"detail": "worker died"}, 502)(scope, receive, send)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_unless_crashed)
-        except Exception:
-            if self.world.crashes == crashes_at_start:
-                raise
-            if not replaced:
-                await JSONResponse({"detail": "worker died"}, 502)(scope, receive, send)
-
-
 class World:
     """The card, the scenario's phase, and the app with a policy in front of it."""
 
@@ -205,7 +135,7 @@ class World:
             if cost is None:
                 app.add_middleware(AdaptiveGate, probe=self.gpu)
             else:
-                app.add_middleware(AdaptiveGate, probe=self.gpu, cost=lambda scope: float(_header(scope, b"x-cost")))
+                app.add_middleware(AdaptiveGate, probe=self.gpu, cost=lambda scope: float(header(scope, b"x-cost")))
         elif self.policy == "oracle":
             app.add_middleware(OracleMiddleware, world=self)
         elif self.policy.startswith("static-"):
@@ -277,77 +207,6 @@ class World:
         else:
             limit, queued = math.inf, 0
         return (round(self.elapsed_s(), 2), limit, self.running, queued, self.gpu.used_bytes)
-
-
-class OracleMiddleware:
-    """What an operator who knows the future would set, the very moment the card changes: where all
-    requests have one size, a semaphore of exactly what fits (requests queued before the change
-    count as the new size: the operator resizes a semaphore, not a byte budget); where sizes are
-    drawn, a byte budget that knows each request's size. First come, first served."""
-
-    def __init__(self, app: ASGIApp, *, world: World) -> None:
-        self.app = app
-        self.world = world
-        world.oracle = self
-        self.room_bytes = self._room_bytes(world.scenario.phases[0])
-        self.committed_bytes = 0
-        self.in_flight = 0
-        self.line: deque[tuple[int, anyio.Event]] = deque()
-
-    def _room_bytes(self, phase: Phase) -> int:
-        return self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
-
-    @property
-    def limit(self) -> float:
-        size = self.world.phase.request_bytes
-        return self.room_bytes // size.nbytes if isinstance(size, Size) else math.nan
-
-    def resize(self, phase: Phase) -> None:
-        self.room_bytes = self._room_bytes(phase)
-        self._hand_over()
-
-    def _fits(self, nbytes: int) -> bool:
-        size = self.world.phase.request_bytes
-        if isinstance(size, Size):  # one size for all: a semaphore of what fits, whatever is queued
-            return self.in_flight < self.limit
-        return self.committed_bytes + nbytes <= self.room_bytes
-
-    def _hand_over(self) -> None:
-        while self.line and (self.in_flight == 0 or self._fits(self.line[0][0])):
-            nbytes, event = self.line.popleft()
-            self.committed_bytes += nbytes
-            self.in_flight += 1
-            event.set()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/infer":
-            await self.app(scope, receive, send)
-            return
-        nbytes = int(_header(scope, b"x-request-bytes"))
-        entry = (nbytes, anyio.Event())
-        self.line.append(entry)
-        self._hand_over()
-        try:
-            await entry[1].wait()
-        except BaseException:
-            if entry in self.line:
-                self.line.remove(entry)
-                raise
-            self._release(nbytes)
-            raise
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._release(nbytes)
-
-    def _release(self, nbytes: int) -> None:
-        self.committed_bytes -= nbytes
-        self.in_flight -= 1
-        self._hand_over()
-
-
-def _header(scope: Scope, name: bytes) -> str:
-    return next(value.decode() for key, value in scope["headers"] if key == name)
 
 
 RESTART_S = 2.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from .harness import GiB, Phase, Scenario, Size
+from .model import GiB, Phase, Scenario, Size
 
 
 def small_and_large(rng: random.Random) -> int:

@@ -1,0 +1,47 @@
+"""What a benchmark scenario is: phases of request sizes and a neighbour on a simulated card."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["GiB", "Phase", "Scenario", "Size"]
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Size:
+    """Every request takes `nbytes`: the oracle can tell how many fit."""
+
+    nbytes: int
+
+    def __call__(self, _: random.Random) -> int:
+        return self.nbytes
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From `at_fraction` of the run on: request sizes and the neighbour's bytes."""
+
+    at_fraction: float
+    request_bytes: Callable[[random.Random], int]
+    neighbour_bytes: int = 0
+    # > 0: a greedy neighbour that takes this much more whenever it is free, up to `neighbour_bytes`
+    neighbour_step_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    phases: list[Phase]
+    total_bytes: int = 24 * GiB
+    weights_bytes: int = 8 * GiB
+    work_s: float = 0.1
+    knee: float = 6.0
+    capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
+    crash_on_oom: bool = False
+    cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
+    lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)
