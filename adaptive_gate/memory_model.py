@@ -26,6 +26,7 @@ class MemoryEstimate:
     spread_bytes: float = 0.0
 
 
+SPREAD_FADE_DIVISOR = 5  # the spread fades with halflife_s / this
 # Readings in a row that must show room coming back before it is believed.
 RELIEF_READINGS = 3
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
@@ -99,9 +100,11 @@ class MemoryModel:
         elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
         self._last_s = now_s
         self._total_bytes = total_bytes
-        # A spread that no reading renews fades: one odd event (a neighbour's step taken for a
-        # large request) must not cost a level for good. A real mix renews it all the time.
-        self._spread_sq *= 0.5 ** (elapsed_s / self._halflife_s)
+        # A spread that no reading renews fades, with a fifth of the half-life (1 s by default): one
+        # odd event (a neighbour's step, a request read between its admission and its allocation)
+        # must not cost a level for long; on a card that fits five with 0.28 GiB to spare, 0.13 GiB
+        # of spread costs the fifth. A real mix renews it at every reading.
+        self._spread_sq *= 0.5 ** (elapsed_s / (self._halflife_s / SPREAD_FADE_DIVISOR))
         self.samples += 1
         used = float(used_bytes)
         self.busy_samples += in_flight > 0
