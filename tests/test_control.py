@@ -375,9 +375,13 @@ def test_a_spread_that_no_reading_renews_fades() -> None:
         model.add(0.1 + 0.1 * i, in_flight, 8 * GiB + in_flight * 3 * GiB + (i % 2) * GiB // 2, TOTAL)
     spread = model.estimate().spread_bytes  # type: ignore[union-attr]
     assert spread > 0
-    for i in range(100):  # 50 s of one level, exactly on the line
+    for i in range(30):  # one level, exactly on the line, until the window's line no longer renews it
         model.add(2 + 0.5 * i, 2, 14 * GiB, TOTAL)
-    assert model.estimate().spread_bytes < spread / 10  # type: ignore[union-attr]
+    fading = model.estimate().spread_bytes  # type: ignore[union-attr]
+    assert 0 < fading < spread
+    for i in range(10):  # 5 s more: mostly gone (it fades with a fifth of the 5 s half-life)
+        model.add(17 + 0.5 * i, 2, 14 * GiB, TOTAL)
+    assert model.estimate().spread_bytes < fading / 4  # type: ignore[union-attr]
 
 
 def test_an_oom_bars_its_level_only_while_the_card_is_as_tight() -> None:
