@@ -256,7 +256,9 @@ class GateCore:
     # -- the limit ------------------------------------------------------------------------------
 
     def tick(self, now_s: float) -> None:
-        """Time passed: a controller that acts on time alone (`on_tick`, optional) may move the limit."""
+        """Time passed: the line may serve in another order now, and a controller that acts on time
+        alone (`on_tick`, optional) may move the limit."""
+        self.limiter.reconsider()
         on_tick = getattr(self.controller, "on_tick", None)
         if on_tick is not None:
             on_tick(now_s=now_s)

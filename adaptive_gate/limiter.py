@@ -172,6 +172,13 @@ class Limiter:
         self._set_in_flight(self._in_flight - units)
         self._hand_over()
 
+    def reconsider(self) -> None:
+        """Time passed with nobody arriving or leaving: the line's order may have changed (newest
+        first within a tenant whose line has stood long enough, a waiter past its latest start), so
+        hand over what the line now allows. The gate calls it on the monitor's tick."""
+        if self._waiters:
+            self._hand_over()
+
     def _hand_over(self) -> None:
         waiters = self._waiters
         while waiters and self._in_flight < self._limit:
