@@ -200,17 +200,18 @@ class Limiter:
 
     # -- async layer ----------------------------------------------------------------------------
 
-    async def acquire(self, timeout_s: float | None = None) -> None:
-        """Wait for a slot, at most `timeout_s` seconds (`None`: no deadline).
+    async def acquire(self, timeout_s: float | None = None, *, units: float = 1) -> None:
+        """Wait for `units` slots, at most `timeout_s` seconds (`None`: no deadline); give them back
+        with `release(units)`.
 
         Raises `QueueFull` at once when the line is full, `QueueTimeout` when the deadline passes.
         Cancelled at any point, it leaves no trace: neither a place in the line nor a slot.
         """
-        if self.try_acquire():
+        if self.try_acquire(units):
             return
         if timeout_s is not None and timeout_s <= 0:
             raise QueueTimeout
-        waiter = self.join()
+        waiter = self.join(Waiter(units=units))
         if waiter.granted:
             return
         waiter._event = anyio.Event()

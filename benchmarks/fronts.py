@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
-import anyio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .model import Phase, Size
+from adaptive_gate.limiter import Limiter
+
+from .model import GiB, Phase, Size
 
 if TYPE_CHECKING:
     from .harness import World
@@ -58,67 +58,40 @@ class OracleMiddleware:
     """What an operator who knows the future would set, the very moment the card changes: where all
     requests have one size, a semaphore of exactly what fits (requests queued before the change
     count as the new size: the operator resizes a semaphore, not a byte budget); where sizes are
-    drawn, a byte budget that knows each request's size. First come, first served."""
+    drawn, a byte budget that knows each request's size (the gate's own limiter, counting GiB).
+    First come, first served."""
 
     def __init__(self, app: ASGIApp, *, world: World) -> None:
         self.app = app
         self.world = world
         world.oracle = self
-        self.room_bytes = self._room_bytes(world.scenario.phases[0])
-        self.committed_bytes = 0
-        self.in_flight = 0
-        self.line: deque[tuple[int, anyio.Event]] = deque()
+        self.counting = all(isinstance(phase.request_bytes, Size) for phase in world.scenario.phases)
+        self.limiter = Limiter(self._limit(world.scenario.phases[0]), max_queue=2**20)
 
-    def _room_bytes(self, phase: Phase) -> int:
-        return self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
+    def _limit(self, phase: Phase) -> int:
+        room_bytes = self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
+        if self.counting:
+            assert isinstance(phase.request_bytes, Size)
+            return max(1, room_bytes // phase.request_bytes.nbytes)
+        return max(1, room_bytes // GiB)
 
     @property
     def limit(self) -> float:
-        size = self.world.phase.request_bytes
-        return self.room_bytes // size.nbytes if isinstance(size, Size) else math.nan
+        return self.limiter.limit if self.counting else math.nan
 
     def resize(self, phase: Phase) -> None:
-        self.room_bytes = self._room_bytes(phase)
-        self._hand_over()
-
-    def _fits(self, nbytes: int) -> bool:
-        size = self.world.phase.request_bytes
-        if isinstance(size, Size):  # one size for all: a semaphore of what fits, whatever is queued
-            return self.in_flight < self.limit
-        return self.committed_bytes + nbytes <= self.room_bytes
-
-    def _hand_over(self) -> None:
-        while self.line and (self.in_flight == 0 or self._fits(self.line[0][0])):
-            nbytes, event = self.line.popleft()
-            self.committed_bytes += nbytes
-            self.in_flight += 1
-            event.set()
+        self.limiter.limit = self._limit(phase)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/infer":
             await self.app(scope, receive, send)
             return
-        nbytes = int(header(scope, b"x-request-bytes"))
-        entry = (nbytes, anyio.Event())
-        self.line.append(entry)
-        self._hand_over()
-        try:
-            await entry[1].wait()
-        except BaseException:
-            if entry in self.line:
-                self.line.remove(entry)
-                raise
-            self._release(nbytes)
-            raise
+        units = 1 if self.counting else int(header(scope, b"x-request-bytes")) / GiB
+        await self.limiter.acquire(units=units)
         try:
             await self.app(scope, receive, send)
         finally:
-            self._release(nbytes)
-
-    def _release(self, nbytes: int) -> None:
-        self.committed_bytes -= nbytes
-        self.in_flight -= 1
-        self._hand_over()
+            self.limiter.release(units)
 
 
 def header(scope: Scope, name: bytes) -> str:

@@ -201,7 +201,7 @@ class World:
             limit: float = self.gate.core.limiter.limit
             queued = self.gate.core.limiter.queued
         elif self.oracle is not None:
-            limit, queued = self.oracle.limit, len(self.oracle.line)
+            limit, queued = self.oracle.limit, self.oracle.limiter.queued
         elif self.semaphore is not None:
             limit, queued = self.semaphore.limit, self.semaphore.waiting
         else:

@@ -209,3 +209,21 @@ def test_a_tick_serves_a_waiter_that_the_line_put_first_meanwhile() -> None:
     assert not light.granted
     limiter.reconsider()
     assert light.granted and limiter.in_flight == 4
+
+
+async def test_acquire_waits_for_room_for_its_units() -> None:
+    limiter = Limiter(4, max_queue=4)
+    await limiter.acquire(units=3)
+    got: list[float] = []
+
+    async def heavy() -> None:
+        await limiter.acquire(units=2)
+        got.append(limiter.in_flight)
+        limiter.release(2)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heavy)
+        await anyio.sleep(0.01)
+        assert got == [] and limiter.queued == 1  # 3 + 2 > 4: it waits
+        limiter.release(3)
+    assert got == [2] and limiter.in_flight == 0 and limiter.queued == 0
