@@ -50,11 +50,7 @@ class Classifier:
         return self.priority(scope), self.tenant(scope)
 
     def priority(self, scope: Scope) -> int:
-        value: object = None
-        if self._priority_header is not None:
-            value = _header(scope, self._priority_header)
-        elif self._priority_call is not None:
-            value = _call(self._priority_call, scope, "priority")
+        value = _read(scope, self._priority_header, self._priority_call, "priority")
         if isinstance(value, bytes):
             text = value.strip()
             negative = text.startswith(b"-")
@@ -67,16 +63,21 @@ class Classifier:
         return min(PRIORITY_MAX, max(PRIORITY_MIN, value))
 
     def tenant(self, scope: Scope) -> str | None:
-        value: object = None
-        if self._tenant_header is not None:
-            value = _header(scope, self._tenant_header)
-        elif self._tenant_call is not None:
-            value = _call(self._tenant_call, scope, "tenant")
+        value = _read(scope, self._tenant_header, self._tenant_call, "tenant")
         if isinstance(value, bytes):
             value = value.decode("latin-1").strip()
         if not isinstance(value, str) or not value:
             return None
         return value[:MAX_TENANT_CHARS]
+
+
+def _read(scope: Scope, header: bytes | None, call: Callable[[Scope], Any] | None, what: str) -> object:
+    """The raw value: the header's bytes, or what the callable answered (None: none, or it raised)."""
+    if header is not None:
+        return _header(scope, header)
+    if call is not None:
+        return _call(call, scope, what)
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
