@@ -11,13 +11,13 @@ Where sizes are drawn, the oracle is a byte budget that knows each request's siz
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from adaptive_gate.control import AIMD, Controller, Fixed
 from adaptive_gate.simulation import Phase, SimulationResult, simulate
+from adaptive_gate.status import percentiles_ms
 
 from .harness import OOM_AFTER_FRACTION, GiB, Scenario
 from .scenarios import LOADS, SCENARIOS, oracle_limits
@@ -51,7 +51,7 @@ class Row:
     goodput_per_s: float
     ooms: int
     timed_out: int
-    p99_s: float | None
+    p99_ms: float | None
 
 
 def phases_of(
@@ -94,9 +94,10 @@ def one_run(
 
 
 def row(policy: str, result: SimulationResult) -> Row:
-    in_time = sorted(latency_s for latency_s in result.latencies_s if latency_s <= DEADLINE_S)
-    p99 = in_time[min(len(in_time) - 1, math.ceil(0.99 * len(in_time)) - 1)] if in_time else None
-    return Row(policy, round(len(in_time) / result.duration_s, 2), result.ooms, result.timed_out, p99)
+    in_time = [latency_s for latency_s in result.latencies_s if latency_s <= DEADLINE_S]
+    percentiles = percentiles_ms(in_time)
+    p99_ms = None if percentiles is None else percentiles["p99"]
+    return Row(policy, round(len(in_time) / result.duration_s, 2), result.ooms, result.timed_out, p99_ms)
 
 
 def compare(name: str, load: str, duration_s: float, seed: int = 1) -> list[Row]:
