@@ -43,7 +43,14 @@ class Ticket:
     )  # fmt: skip
 
     def __init__(
-        self, admitted_s: float, busy_area: float, epoch: int, serial: int, alone: bool, units: float = 1
+        self,
+        admitted_s: float,
+        busy_area: float,
+        epoch: int,
+        serial: int,
+        alone: bool,
+        units: float = 1,
+        route: object = None,
     ) -> None:
         self.admitted_s = admitted_s
         self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
@@ -57,7 +64,7 @@ class Ticket:
         # and whether it was given up for that.
         self.sending_since_s: float | None = None
         self.abandoned = False
-        self.route: object = None  # set by the driver: whose service time this one's teaches
+        self.route = route  # whose service time this one's teaches (None: one for all)
 
 
 class _Probe:

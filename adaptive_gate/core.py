@@ -133,7 +133,7 @@ class GateCore:
         """How long `waiter` may still wait: past it, it could not finish before its deadline."""
         return max(0.0, waiter.latest_start_s - self._clock())
 
-    def admitted(self, now_s: float, waited_s: float, units: float = 1) -> Ticket:
+    def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
         counters = self.counters
         counters.admitted += 1
@@ -141,7 +141,8 @@ class GateCore:
         self.queue_wait_histogram.observe(waited_s)
         limiter = self.limiter
         alone = limiter.in_flight == units
-        return Ticket(now_s, limiter.busy_area(now_s), self.controller.epoch, counters.admitted, alone, units)
+        epoch = self.controller.epoch
+        return Ticket(now_s, limiter.busy_area(now_s), epoch, counters.admitted, alone, units, route)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""

@@ -191,8 +191,7 @@ class AdaptiveGate:
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = clock()
-        ticket = core.admitted(now_s, now_s - arrived_s, units)
-        ticket.route = route
+        ticket = core.admitted(now_s, now_s - arrived_s, units, route)
         watch = self.ops.watch
         watch.started(ticket, route)
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample

@@ -129,8 +129,7 @@ class Replay:
 
     def start(self, request: _Request) -> None:
         waited_s = self.now_s - request.arrived_s
-        request.ticket = self.core.admitted(self.now_s, waited_s)
-        request.ticket.route = ROUTE
+        request.ticket = self.core.admitted(self.now_s, waited_s, route=ROUTE)
         self.results[request.flow].waits_s.append(waited_s)
         self.at(self.now_s + request.service_s, "finish", request)
 

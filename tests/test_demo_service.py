@@ -101,9 +101,9 @@ async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: h
     gate = find_gate(client.app)  # type: ignore[attr-defined]  # (the lifespan built the stack)
     admitted = gate.core.admitted
 
-    def watching(now_s: float, waited_s: float, units: float = 1) -> object:
+    def watching(now_s: float, waited_s: float, units: float = 1, route: object = None) -> object:
         weights.append(units)
-        return admitted(now_s, waited_s, units)
+        return admitted(now_s, waited_s, units, route)
 
     gate.core.admitted = watching  # type: ignore[method-assign]
     assert (await client.post("/predict/batch?files=3", files=files)).status_code == 200

@@ -38,8 +38,7 @@ def core_at(now: list[float], *, limit: int = 1, max_queue: int = 100, **options
 def serve_one(core: GateCore, now: list[float], service_s: float = SERVICE_S) -> None:
     """One request alone, so the core learns the route's service time."""
     assert core.arrive(30.0, route="r") is ADMITTED
-    ticket = core.admitted(now[0], 0.0)
-    ticket.route = "r"
+    ticket = core.admitted(now[0], 0.0, route="r")
     now[0] += service_s
     core.release(ticket, now[0], Outcome.COMPLETED)
 
@@ -344,8 +343,7 @@ class ClassedCoreMachine(CoreMachine):
         queued = list(self.waiting)
         admission = self.core.arrive(timeout_s, route="r", priority=priority, tenant=tenant)
         if admission is ADMITTED:
-            ticket = self.core.admitted(self.now[0], 0.0)
-            ticket.route = "r"
+            ticket = self.core.admitted(self.now[0], 0.0, route="r")
             self.running.append(ticket)
         elif isinstance(admission, str):
             self.core.rejected(admission, priority=priority, tenant=tenant)
