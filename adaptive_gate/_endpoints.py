@@ -99,6 +99,11 @@ class Endpoints:
         if dashboard is not None:
             self._by_path[dashboard + "/data"] = "dashboard_data"
 
+    @property
+    def by_path(self) -> dict[str, str]:
+        """path -> the name of the endpoint served there."""
+        return self._by_path
+
     def find(self, path: str) -> str | None:
         """Which of the gate's endpoints a request to `path` (as the router sees it) is for, if any."""
         return self._by_path.get(path)

@@ -133,16 +133,25 @@ class RouteTable:
     on the application it wraps, or on the first app down its chain of `.app` that has routes.
     """
 
-    def __init__(self, tags: frozenset[str] | None, *, fallback_app: object = None) -> None:
+    def __init__(
+        self,
+        tags: frozenset[str] | None,
+        *,
+        fallback_app: object = None,
+        endpoints: dict[str, str] | None = None,
+        health_paths: Iterable[str] = (),
+    ) -> None:
         self._tags = tags
+        self._endpoints = endpoints or {}  # path -> the name of the gate's own endpoint there
+        self._health_paths = frozenset(health_paths)
         self._fallback = _routed_app(fallback_app)
-        self._app: object = None
+        self._app: Any = None
         self._size = -1
         self._nodes: list[_Node] = []
         self._warned = False
         # (method, path) -> the answer: most services see few distinct paths, and a walk of the
         # routes costs a regex per route. Bounded (cleared when full), and off where a Host route
-        # makes the answer depend on more than the path.
+        # makes the answer depend on more than the path. `decide` keeps its whole decisions here.
         self._answers: dict[tuple[str, str], GatedRoute | None] | None = {}
         self._signature: object = None
 
@@ -152,6 +161,30 @@ class RouteTable:
         routes are seen at once, by the count."""
         if self._app is not None and _signature(self._app) != self._signature:
             self._size = -1
+
+    def decide(self, scope: Scope) -> GatedRoute | str | None:
+        """What the gate does with an HTTP request: the name of the gate's own endpoint it is for, the
+        gated route it goes to, or None (to the application, ungated: a health check, or no gated
+        route). Every request asks: while the routes are as they were, one lookup by method and path."""
+        if self._tags is not None and not scope.get("root_path"):
+            app: Any = scope.get("app")
+            if app is self._app and app is not None and len(app.routes) == self._size:
+                answers = self._answers
+                if answers is not None:
+                    try:
+                        return answers[scope["method"], scope["path"]]
+                    except KeyError:
+                        pass
+        path = route_path(scope)
+        endpoint = self._endpoints.get(path)
+        if endpoint is not None:
+            return endpoint
+        route = self.match(scope, path)
+        if route is not None and path in self._health_paths:  # never gated: remembered as such
+            route = None
+            if self._tags is not None and self._answers is not None:
+                self._answers[scope["method"], path] = None
+        return route
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
         """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""

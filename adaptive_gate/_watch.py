@@ -64,13 +64,10 @@ class Watch:
         self.history = History()
         self.loop_lag_s = 0.0
         # Every gated request holding a slot, by its ticket: the suspects of a stall (the async ones)
-        # and what the send watchdog looks through.
+        # and what the send watchdog looks through. The middleware adds each as it starts.
         self.running: dict[Ticket, GatedRoute] = {}
         self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (async route, released at)
         self._last_second_s = -math.inf
-
-    def started(self, ticket: Ticket, route: GatedRoute) -> None:
-        self.running[ticket] = route
 
     def ended(self, ticket: Ticket) -> None:
         route = self.running.pop(ticket)

@@ -86,10 +86,10 @@ class GateCore:
         self._clock = clock
         self.operator: OperatorBounds | None = None
         self.counters = Counters()
-        self.queue_wait_s = RecentValues()
-        self.service_s = RecentValues()
         self.queue_wait_histogram = BucketCounts(QUEUE_WAIT_BUCKETS_S)
         self.service_histogram = BucketCounts(SERVICE_BUCKETS_S)
+        self.queue_wait_s = RecentValues(histogram=self.queue_wait_histogram)  # adds count there too
+        self.service_s = RecentValues(histogram=self.service_histogram)
         self.limit_changes: deque[LimitChange] = deque(maxlen=32)
         self.oom_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
         self.probe = _Probe()
@@ -125,6 +125,25 @@ class GateCore:
             return ADMITTED
         return queue_up(self, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
+    def enter(self, timeout_s: float, units: float, route: object, arrived_s: float) -> Ticket | None:
+        """`arrive` and `admitted` in one, for the request that walks straight in (no classes, no
+        "deadline" answer, its slots free and nobody waiting): its ticket, admitted now. None: it
+        takes the long way (`arrive`), and nothing has been counted or taken for it."""
+        if self.classes is not None:
+            return None
+        mean_s = self._mean_by_route.get(route)
+        if mean_s is not None and mean_s > timeout_s:
+            return None  # `arrive` decides: "deadline", or a request let through to measure again
+        now_s = self._clock()
+        limiter = self.limiter
+        busy_area = limiter.take(units, now_s)
+        if busy_area is None:
+            return None
+        counters = self.counters
+        counters.admitted += 1
+        self.queue_wait_s.add(now_s - arrived_s)
+        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, limiter.in_flight == units, units, route)
+
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
         self.limiter.leave(waiter)
@@ -138,7 +157,6 @@ class GateCore:
         counters = self.counters
         counters.admitted += 1
         self.queue_wait_s.add(waited_s)
-        self.queue_wait_histogram.observe(waited_s)
         limiter = self.limiter
         alone = limiter.in_flight == units
         epoch = self.controller.epoch
@@ -165,12 +183,14 @@ class GateCore:
         self.counters.completed += 1
         self.service_s.add(latency_s)
         self.services.add(ticket.route, latency_s, now_s)
-        self.service_histogram.observe(latency_s)
-        demand = limiter.queued > 0 or in_flight >= limiter.limit
-        if self.operator is not None and self.controller.limit >= self.operator.max_limit:
+        limit = limiter.limit
+        demand = in_flight >= limit or limiter.queued > 0
+        controller, operator = self.controller, self.operator
+        if operator is not None and controller.limit >= operator.max_limit:
             demand = False  # held down by the operator: growing underneath would only creep
-        self.controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
-        self._apply_limit(now_s)
+        controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
+        if operator is not None or controller.limit != limit:  # else _apply_limit would change nothing
+            self._apply_limit(now_s)
 
     def oom(self, ticket: Ticket, now_s: float) -> bool:
         """A gated request ran out of memory; True when it ran alone (too large, not congestion)."""

@@ -126,15 +126,19 @@ class Limiter:
 
     def try_acquire(self, units: float = 1) -> bool:
         """Take `units` slots if they are free (or nothing runs) and nobody is waiting for them."""
+        return self.take(units, self._clock()) is not None
+
+    def take(self, units: float, now_s: float) -> float | None:
+        """`try_acquire` at `now_s`, as read from the limiter's clock by the caller: the busy area
+        then (with these slots taken), or None when they are not free."""
         in_flight = self._in_flight
         if self._waiters or (in_flight + units > self._limit and in_flight > 0):
-            return False
+            return None
         # _set_in_flight, written out: this is every request's path
-        now_s = self._clock()
         self._busy_area += in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
         self._in_flight = in_flight + units
-        return True
+        return self._busy_area
 
     @property
     def line(self) -> FifoLine | FairLine:
@@ -167,10 +171,16 @@ class Limiter:
             waiter._refuse(reason)
 
     def release(self, units: float = 1) -> None:
-        if self._in_flight < units:
+        in_flight = self._in_flight
+        if in_flight < units:
             raise RuntimeError("release() called for more slots than were acquired")
-        self._set_in_flight(self._in_flight - units)
-        self._hand_over()
+        # _set_in_flight, written out: this is every request's path
+        now_s = self._clock()
+        self._busy_area += in_flight * (now_s - self._busy_since_s)
+        self._busy_since_s = now_s
+        self._in_flight = in_flight - units
+        if self._waiters:
+            self._hand_over()
 
     def reconsider(self) -> None:
         """Time passed with nobody arriving or leaving: the line's order may have changed (newest

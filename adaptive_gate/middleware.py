@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from time import monotonic
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,7 +30,7 @@ from ._classify import Classifier
 from ._endpoints import Endpoints
 from ._line import wait_in_line
 from ._operations import Operations
-from ._routes import GatedRoute, RouteTable, route_path
+from ._routes import GatedRoute, RouteTable
 from .control import AIMD, Controller
 from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
 from .diagnostics import Diagnostics
@@ -124,12 +125,18 @@ class AdaptiveGate:
         classifier = Classifier(self.options.priority, self.options.tenant)
         self._classify = classifier.classify if classifier.enabled else None
         self._clock = clock
+        self._cost, self._queue_timeout_s = self.options.cost, self.options.queue_timeout
         self.ops = Operations(
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
         )
         self._endpoints = Endpoints(self.options)
         self._answers = Answers(self.core, self.options)
-        self._routes = RouteTable(self.options.tag, fallback_app=app)
+        self._routes = RouteTable(
+            self.options.tag,
+            fallback_app=app,
+            endpoints=self._endpoints.by_path,
+            health_paths=self.options.health_paths,
+        )
         self.ops.tick_hooks.append(self._routes.notice_changes)
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
 
@@ -144,19 +151,17 @@ class AdaptiveGate:
             else:
                 await self.app(scope, receive, send)
             return
-        path = route_path(scope)
-        endpoint = self._endpoints.find(path)
-        if endpoint is not None:
-            await self._endpoints.handle(endpoint, self.ops, scope, receive, send)
-            return
-        route = self._routes.match(scope, path)
-        if route is None or path in self.options.health_paths:
+        decision = self._routes.decide(scope)
+        if decision is None:
             await self.app(scope, receive, send)
-            return
-        if not self.ops.background.ready:
-            self.ops.read_thread_pool()
-            await self.ops.background.start_without_lifespan()
-        await self._gated(route, scope, receive, send)
+        elif decision.__class__ is GatedRoute:
+            background = self.ops.background
+            if not background.ready:
+                self.ops.read_thread_pool()
+                await background.start_without_lifespan()
+            await self._gated(decision, scope, receive, send)
+        else:
+            await self._endpoints.handle(decision, self.ops, scope, receive, send)  # type: ignore[arg-type]
 
     async def _gated(self, route: GatedRoute, scope: Scope, receive: Receive, send: Send) -> None:
         # One coroutine for the whole of a request's way through the gate (its body read first,
@@ -164,9 +169,9 @@ class AdaptiveGate:
         # of its own would cost. The slow ways (a queue, a rejection) are helpers.
         clock, core = self._clock, self.core
         arrived_s = clock()
-        cost = self.options.cost
+        cost = self._cost
         units = 1 if cost is None else units_of_cost(cost(scope))
-        deadline_s, length, has_body = request_head(scope, self.options.queue_timeout)
+        deadline_s, length, has_body = request_head(scope, self._queue_timeout_s)
         body: Body | None = None
         if has_body:
             body = await self._read_body(receive, send, deadline_s, length)
@@ -174,26 +179,16 @@ class AdaptiveGate:
                 return
             receive = body.receive
             deadline_s -= clock() - arrived_s  # the time reading the body took counts
-        classify = self._classify
-        request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
-        if classify is None:
-            admission = core.arrive(deadline_s, units=units, route=route)
-        else:
-            request_class = classify(scope)
-            admission = core.arrive(
-                deadline_s, units=units, route=route, priority=request_class[0], tenant=request_class[1]
-            )
-        if admission is not ADMITTED:
-            replay = await self._wait_or_reject(admission, body, receive, send, request_class)
-            if replay is None:
+        ticket = core.enter(deadline_s, units, route, arrived_s) if self._classify is None else None
+        if ticket is None:  # no slot free at once, a deadline to judge, or classes: the long way
+            admitted = await self._admit(route, scope, receive, send, body, deadline_s, units, arrived_s)
+            if admitted is None:
                 return
-            receive = replay
+            ticket, receive = admitted
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
-        now_s = clock()
-        ticket = core.admitted(now_s, now_s - arrived_s, units, route)
         watch = self.ops.watch
-        watch.started(ticket, route)
+        watch.running[ticket] = route  # what the monitor watches (stalls, stuck sends) while it runs
         informative = True  # a 4xx/5xx answer says nothing about capacity: no latency sample
         response_started = False
 
@@ -205,7 +200,7 @@ class AdaptiveGate:
             if message_type == "http.response.start":
                 response_started = True
                 informative = message["status"] < 400
-            ticket.sending_since_s = time.monotonic()  # the monitor's watchdog abandons a send stuck too long
+            ticket.sending_since_s = monotonic()  # the monitor's watchdog abandons a send stuck too long
             try:
                 await send(message)
             finally:  # a send that raised is not one that waits
@@ -236,6 +231,39 @@ class AdaptiveGate:
             watch.ended(ticket)
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)
+
+    async def _admit(
+        self,
+        route: GatedRoute,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: Body | None,
+        deadline_s: float,
+        units: float,
+        arrived_s: float,
+    ) -> tuple[Ticket, Receive] | None:
+        """`arrive`, then a place in line or an answer: the ticket and the `receive` the app must
+        use, or None when the request was answered (or its client left)."""
+        core, classify = self.core, self._classify
+        request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
+        if classify is None:
+            admission = core.arrive(deadline_s, units=units, route=route)
+        else:
+            request_class = classify(scope)
+            admission = core.arrive(
+                deadline_s, units=units, route=route, priority=request_class[0], tenant=request_class[1]
+            )
+        if admission is not ADMITTED:
+            replay = await self._wait_or_reject(admission, body, receive, send, request_class)
+            if replay is None:
+                return None
+            receive = replay
+        elif body is not None:
+            self._body_budget.give_back(body.nbytes)
+        now_s = self._clock()
+        ticket = core.admitted(now_s, now_s - arrived_s, units, route)
+        return ticket, receive
 
     async def _wait_or_reject(
         self,

@@ -78,12 +78,14 @@ class BucketCounts:
 
 
 class RecentValues:
-    """The last `size` values of a measure (queue wait, service time), for percentiles and means."""
+    """The last `size` values of a measure (queue wait, service time), for percentiles and means;
+    with a `histogram`, every value is counted there too (one call per request for both)."""
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 1024, histogram: BucketCounts | None = None) -> None:
         self._values: deque[float] = deque(maxlen=size)
         self._size = size
         self._sum = 0.0  # kept as values come and go: every rejection asks for the mean
+        self.histogram = histogram
 
     def add(self, value: float) -> None:
         values = self._values
@@ -91,6 +93,10 @@ class RecentValues:
             self._sum -= values[0]
         values.append(value)
         self._sum += value
+        histogram = self.histogram
+        if histogram is not None:  # BucketCounts.observe, written out: every request's path
+            histogram.counts[bisect_left(histogram.bounds_s, value)] += 1
+            histogram.sum_s += value
 
     def __len__(self) -> int:
         return len(self._values)
