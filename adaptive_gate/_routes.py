@@ -166,24 +166,27 @@ class RouteTable:
         """What the gate does with an HTTP request: the name of the gate's own endpoint it is for, the
         gated route it goes to, or None (to the application, ungated: a health check, or no gated
         route). Every request asks: while the routes are as they were, one lookup by method and path."""
-        if self._tags is not None and not scope.get("root_path"):
+        answers = self._answers
+        if answers is not None and not scope.get("root_path"):  # then the path is the route path
             app: Any = scope.get("app")
-            if app is self._app and app is not None and len(app.routes) == self._size:
-                answers = self._answers
-                if answers is not None:
-                    try:
-                        return answers[scope["method"], scope["path"]]
-                    except KeyError:
-                        pass
+            if self._tags is None or app is self._app and app is not None and len(app.routes) == self._size:
+                try:
+                    return answers[scope["method"], scope["path"]]
+                except KeyError:
+                    pass
         path = route_path(scope)
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
             return endpoint
         route = self.match(scope, path)
-        if route is not None and path in self._health_paths:  # never gated: remembered as such
-            route = None
-            if self._tags is not None and self._answers is not None:
-                self._answers[scope["method"], path] = None
+        remember = self._tags is None  # with tags, `match` remembered its answer (where it may)
+        if route is not None and path in self._health_paths:
+            route, remember = None, True  # never gated; what `match` remembered is corrected
+        answers = self._answers  # `match` may have built the table again
+        if remember and answers is not None:
+            if len(answers) >= MAX_ANSWERS:
+                answers.clear()
+            answers[scope["method"], path] = route
         return route
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
