@@ -99,13 +99,20 @@ async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: h
     files = [("files", (f"{i}.png", image_bytes(size=(30 + i, 30)))) for i in range(3)]
     weights: list[float] = []
     gate = find_gate(client.app)  # type: ignore[attr-defined]  # (the lifespan built the stack)
-    admitted = gate.core.admitted
+    admitted, enter = gate.core.admitted, gate.core.enter
 
     def watching(now_s: float, waited_s: float, units: float = 1, route: object = None) -> object:
         weights.append(units)
         return admitted(now_s, waited_s, units, route)
 
+    def watching_enter(timeout_s: float, units: float, route: object, arrived_s: float) -> object:
+        ticket = enter(timeout_s, units, route, arrived_s)  # the fast way in: arrive and admitted in one
+        if ticket is not None:
+            weights.append(ticket.units)
+        return ticket
+
     gate.core.admitted = watching  # type: ignore[method-assign]
+    gate.core.enter = watching_enter  # type: ignore[method-assign]
     assert (await client.post("/predict/batch?files=3", files=files)).status_code == 200
     response = await client.post("/predict/batch?files=2", files=files)
     assert response.status_code == 400 and "?files=2 declared, 3 files sent" in response.text
