@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from starlette.types import Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from ._body import ReadOutcome
+from ._body import Body, BodyBudget, ReadOutcome, read_body
 from ._endpoints import send_json
 from .core import GateCore, Ticket
 from .options import GateOptions
@@ -21,6 +21,7 @@ __all__ = ["CLOSE", "REJECTION_DETAILS", "Answers"]
 logger = logging.getLogger("adaptive_gate")
 
 CLOSE = [(b"connection", b"close")]
+MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 REJECTION_DETAILS = {
     "queue_full": "too many requests are waiting for the GPU",
     "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
@@ -85,3 +86,24 @@ class Answers:
             limiter.limit,
             " (it ran alone: too large for the card, the limit is not cut for it)" if alone else "",
         )
+
+    async def read_body(
+        self, receive: Receive, send: Send, deadline_s: float, length: int | None, budget: BodyBudget
+    ) -> Body | None:
+        """A gated request's whole body, before it may take a slot; None when it was answered here
+        instead (too large, too slow, the buffer full) or its client left."""
+        options = self.options
+        if length is not None and length > options.max_body_bytes:  # -1: unreadable, found out by reading
+            await self.refuse_body(send, ReadOutcome.TOO_LARGE)
+            return None
+        timeout_s = min(options.body_timeout, max(deadline_s, MIN_BODY_READ_S))
+        body = await read_body(receive, max_body_bytes=options.max_body_bytes, budget=budget, timeout_s=timeout_s)
+        if body.outcome is ReadOutcome.COMPLETE:
+            return body
+        if body.outcome is ReadOutcome.DISCONNECTED:
+            self.core.left()
+        elif body.outcome is ReadOutcome.BUFFER_FULL:
+            await self.reject(send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer")
+        else:
+            await self.refuse_body(send, body.outcome)
+        return None

@@ -15,7 +15,6 @@ serves, and a test can feed both one sequence of events and compare what they di
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from ._accounts import ClassCounts, ServiceEstimates
 from ._admission import OVERLOAD_MODES, DrainRate, queue_up
 from ._codel import ControlledDelay
+from ._core_answers import CoreAnswers
 from ._operator import OperatorBounds
 from ._queue import FairLine, FifoLine
 from ._swallowed import SwallowedOoms
@@ -36,13 +36,11 @@ from .status import BucketCounts, Counters, RecentValues
 __all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "units_of_cost"]
 
 ADMITTED = "admitted"
-MAX_REQUEST_SECONDS_ASSUMED = 1.0  # for Retry-After before any request has finished
-PROBE_BROKEN_AFTER_ERRORS = 3  # the probe shows as degraded after this many failed readings in a row
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
-class GateCore:
+class GateCore(CoreAnswers):
     def __init__(
         self,
         controller: Controller,
@@ -125,24 +123,29 @@ class GateCore:
             return ADMITTED
         return queue_up(self, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
-    def enter(self, timeout_s: float, units: float, route: object, arrived_s: float) -> Ticket | None:
+    def enter(self, timeout_s: float, units: float, route: object, arrived_s: float, now_s: float) -> Ticket | None:
         """`arrive` and `admitted` in one, for the request that walks straight in (no classes, no
-        "deadline" answer, its slots free and nobody waiting): its ticket, admitted now. None: it
-        takes the long way (`arrive`), and nothing has been counted or taken for it."""
+        "deadline" answer, its slots free and nobody waiting): its ticket, admitted at `now_s`
+        (`arrived_s` where no body was read: one clock read per request). None: it takes the long
+        way (`arrive`), and nothing has been counted or taken for it."""
         if self.classes is not None:
             return None
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
-        now_s = self._clock()
         limiter = self.limiter
         busy_area = limiter.take(units, now_s)
         if busy_area is None:
             return None
         counters = self.counters
         counters.admitted += 1
-        self.queue_wait_s.add(now_s - arrived_s)
-        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, limiter.in_flight == units, units, route)
+        if now_s == arrived_s:
+            self.queue_wait_s.add_zero()
+        else:
+            self.queue_wait_s.add(now_s - arrived_s)
+        return Ticket(
+            now_s, busy_area, self.controller.epoch, counters.admitted, limiter.in_flight == units, units, route
+        )
 
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
@@ -319,52 +322,7 @@ class GateCore:
         for listener in self.limit_listeners:
             listener(change)
 
-    # -- answers --------------------------------------------------------------------------------
-
-    def expected_wait_s(self, ahead: int) -> float | None:
-        """How long one more request behind `ahead` others would wait, from recent service times."""
-        mean_service_s = self.service_s.mean()
-        if mean_service_s is None:
-            return None
-        return (ahead + 1) * mean_service_s / self.limiter.limit
-
-    def retry_after_s(self, priority: int = 0) -> int:
-        """When to come back: the line ahead of `priority` over the measured drain rate (requests
-        ended per second), or the service times while no drain has been measured yet."""
-        limiter = self.limiter
-        ended = self.counters.completed + self.counters.failed + self.counters.admitted_ooms
-        rate_per_s = self.drain.rate_per_s(ended, self._clock())
-        ahead = limiter.line.ahead_of(priority)
-        if rate_per_s is not None:
-            estimate_s: float | None = (ahead + 1) / rate_per_s
-        else:
-            estimate_s = self.expected_wait_s(ahead)
-        if estimate_s is None:
-            estimate_s = MAX_REQUEST_SECONDS_ASSUMED
-        # Jitter, so that the clients turned away together do not all come back together.
-        estimate_s += self._random.uniform(0.0, 0.5 + 0.25 * estimate_s)
-        return max(1, min(self.max_retry_after_s, math.ceil(estimate_s)))
-
-    def readiness(self) -> tuple[bool, list[str]]:
-        """Whether to send this replica traffic now, and if not, why.
-
-        Only a full queue makes a replica unready. A broken probe does not: an NVML outage hits
-        every replica at once, and taking them all out of rotation would turn a blind gate (which
-        still serves on OOM and latency signals) into no service at all. It shows in `degraded`.
-        """
-        limiter = self.limiter
-        # A full line refuses every newcomer, even with units free beside a heavy head that waits.
-        if limiter.queued >= limiter.max_queue and (limiter.queued > 0 or limiter.in_flight >= limiter.limit):
-            return False, [f"the queue is full ({limiter.queued} waiting)"]
-        return True, []
-
-    def degraded(self) -> list[str]:
-        """What the gate serves without, while it still serves: said beside readiness, never instead of it."""
-        errors = self.probe.consecutive_errors
-        if errors >= PROBE_BROKEN_AFTER_ERRORS:
-            return [f"the memory probe failed {errors} times in a row; serving on OOM and latency signals"]
-        return []
-
     def statistics(self) -> GateStatistics:
         """A snapshot of the figures; reading it changes nothing."""
+        self.queue_wait_s.flush()  # the zeros counted lazily, into the histogram too
         return snapshot(self)

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._answers import REJECTION_DETAILS, Answers
 from ._background import serve_lifespan
-from ._body import Body, BodyBudget, ReadOutcome, read_body, request_head
+from ._body import Body, BodyBudget, request_head
 from ._classify import Classifier
 from ._endpoints import Endpoints
 from ._line import wait_in_line
@@ -45,7 +45,6 @@ __all__ = ["AdaptiveGate", "ClientNotReading"]
 
 logger = logging.getLogger("adaptive_gate")
 
-MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 ABANDONED = "the client read nothing for send_timeout; the response was abandoned"
 
 
@@ -173,13 +172,15 @@ class AdaptiveGate:
         units = 1 if cost is None else units_of_cost(cost(scope))
         deadline_s, length, has_body = request_head(scope, self._queue_timeout_s)
         body: Body | None = None
+        now_s = arrived_s  # no body to read: it may go in the moment it arrived, and waited for nothing
         if has_body:
-            body = await self._read_body(receive, send, deadline_s, length)
+            body = await self._answers.read_body(receive, send, deadline_s, length, self._body_budget)
             if body is None:
                 return
             receive = body.receive
-            deadline_s -= clock() - arrived_s  # the time reading the body took counts
-        ticket = core.enter(deadline_s, units, route, arrived_s) if self._classify is None else None
+            now_s = clock()
+            deadline_s -= now_s - arrived_s  # the time reading the body took counts
+        ticket = core.enter(deadline_s, units, route, arrived_s, now_s) if self._classify is None else None
         if ticket is None:  # no slot free at once, a deadline to judge, or classes: the long way
             admitted = await self._admit(route, scope, receive, send, body, deadline_s, units, arrived_s)
             if admitted is None:
@@ -288,27 +289,6 @@ class AdaptiveGate:
         self.core.release(ticket, now_s, Outcome.OOM)
         self._answers.log_oom(ticket, scope, alone=alone)
         return alone
-
-    async def _read_body(self, receive: Receive, send: Send, deadline_s: float, length: int | None) -> Body | None:
-        """The whole body, before the request may take a slot; None when already answered."""
-        if length is not None and length > self.options.max_body_bytes:  # -1: unreadable, found out by reading
-            await self._answers.refuse_body(send, ReadOutcome.TOO_LARGE)
-            return None
-        timeout_s = min(self.options.body_timeout, max(deadline_s, MIN_BODY_READ_S))
-        body = await read_body(
-            receive, max_body_bytes=self.options.max_body_bytes, budget=self._body_budget, timeout_s=timeout_s
-        )
-        if body.outcome is ReadOutcome.COMPLETE:
-            return body
-        if body.outcome is ReadOutcome.DISCONNECTED:
-            self.core.left()
-        elif body.outcome is ReadOutcome.BUFFER_FULL:
-            await self._answers.reject(
-                send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer"
-            )
-        else:
-            await self._answers.refuse_body(send, body.outcome)
-        return None
 
     async def _wait_for_slot(
         self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None

@@ -86,8 +86,26 @@ class RecentValues:
         self._size = size
         self._sum = 0.0  # kept as values come and go: every rejection asks for the mean
         self.histogram = histogram
+        self._zeros = 0  # zeros not yet added (`add_zero`)
+
+    def add_zero(self) -> None:
+        """A zero (a request admitted the moment it arrived, the common case): only counted here,
+        and added with `flush` before anything reads or adds, so the order of values is kept."""
+        self._zeros += 1
+
+    def flush(self) -> None:
+        zeros, self._zeros = self._zeros, 0
+        kept = min(zeros, self._size)  # the older ones would fall out of the window at once
+        if len(self._values) + kept > self._size:
+            self._sum -= sum(list(self._values)[: len(self._values) + kept - self._size])
+        self._values.extend([0.0] * kept)
+        histogram = self.histogram
+        if histogram is not None and zeros:
+            histogram.counts[bisect_left(histogram.bounds_s, 0.0)] += zeros
 
     def add(self, value: float) -> None:
+        if self._zeros:
+            self.flush()
         values = self._values
         if len(values) == self._size:
             self._sum -= values[0]
@@ -99,12 +117,16 @@ class RecentValues:
             histogram.sum_s += value
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._values) + min(self._zeros, self._size - len(self._values))
 
     def mean(self) -> float | None:
+        if self._zeros:
+            self.flush()
         return self._sum / len(self._values) if self._values else None
 
     def percentiles_ms(self) -> dict[str, float] | None:
+        if self._zeros:
+            self.flush()
         return percentiles_ms(self._values)
 
 

@@ -105,8 +105,8 @@ async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: h
         weights.append(units)
         return admitted(now_s, waited_s, units, route)
 
-    def watching_enter(timeout_s: float, units: float, route: object, arrived_s: float) -> object:
-        ticket = enter(timeout_s, units, route, arrived_s)  # the fast way in: arrive and admitted in one
+    def watching_enter(timeout_s: float, units: float, route: object, arrived_s: float, now_s: float) -> object:
+        ticket = enter(timeout_s, units, route, arrived_s, now_s)  # the fast way in: arrive and admitted in one
         if ticket is not None:
             weights.append(ticket.units)
         return ticket
