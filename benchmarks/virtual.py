@@ -145,7 +145,8 @@ def main() -> None:
             print(
                 f"{name:16} {load:5} adaptive {adaptive.goodput_per_s:6.2f}/s ooms {adaptive.ooms:3}  "
                 f"oracle {oracle.goodput_per_s:6.2f} ({adaptive.goodput_per_s / oracle.goodput_per_s:.2f}x)  "
-                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)"
+                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)  "
+                f"oracle / best static {oracle.goodput_per_s / best.goodput_per_s:.2f}x"
             )
 
 
