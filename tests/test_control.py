@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -214,7 +216,17 @@ def test_bad_knobs(kwargs: dict[str, float], match: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"target_utilisation": 0}, "target_utilisation"), ({"halflife_s": 0}, "halflife_s"), ({"window": 2}, "window")],
+    [
+        ({"target_utilisation": 0}, "target_utilisation"),
+        ({"halflife_s": 0}, "halflife_s"),
+        ({"halflife_s": math.nan}, "halflife_s"),
+        ({"window": 2}, "window"),
+        # Found in review: 0 (or less) sized a request at 0 bytes and the room divided by it.
+        ({"min_request_fraction": 0.0}, "min_request_fraction"),
+        ({"min_request_fraction": -1.0}, "min_request_fraction"),
+        ({"spread_z": -1.0}, "spread_z"),
+        ({"spread_z": math.nan}, "spread_z"),
+    ],
 )
 def test_bad_memory_knobs(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
