@@ -214,9 +214,11 @@ class MemoryModel:
         mean_x = sum(x for x, _ in recent) / n
         mean_y = sum(y for _, y in recent) / n
         var_x = sum((x - mean_x) ** 2 for x, _ in recent) / n
-        most_common_share = max(Counter(x for x, _ in recent).values()) / n
-        if var_x < 0.1 or most_common_share > 0.875:
-            return False  # in-flight barely varied: a few stray samples must not tilt the line
+        most_common = max(Counter(x for x, _ in recent).values())
+        if var_x < 0.1 or most_common > 0.875 * n or n - most_common < 2:
+            # In-flight barely varied: a few stray samples must not tilt the line, and one alone
+            # (a neighbour's blip read at another level) would set its slope all by itself.
+            return False
         slope = sum((x - mean_x) * (y - mean_y) for x, y in recent) / n / var_x
         if slope < self._min_request_fraction * self._total_bytes:
             return False

@@ -476,3 +476,26 @@ def test_an_oom_in_a_roomier_card_does_not_bar_the_levels_that_ran_there() -> No
     assert c.memory.cap() == 7
     successes(c, 200, now_s=13.0)
     assert c.limit == 6
+
+
+def test_one_odd_reading_does_not_set_the_slope_of_the_line() -> None:
+    """Found in review: after one reading 3.6 GiB high (a neighbour's blip) at six in flight, then
+    readings at five only, the line through the blip and the fives was fitted (two levels, no
+    residual): 5.6 GiB a request, the baseline clamped to 0, the cap 4 where 7 fit; and since nothing
+    at a single level can tell the baseline again, it stayed at 6 for as long as the load held."""
+    model = MemoryModel()
+    now_s = 0.0
+    model.add(now_s, 0, 8 * GiB, TOTAL)
+    for i in range(16):  # five and six in flight, 2 GiB each
+        now_s += 0.1
+        model.add(now_s, 5 + i % 2, (8 + 2 * (5 + i % 2)) * GiB, TOTAL)
+    assert model.cap() == 7
+    now_s += 0.1
+    model.add(now_s, 6, int(23.6 * GiB), TOTAL)
+    assert model.cap() == 5  # memory first: taken for a neighbour at once
+    for i in range(300):  # 30 s at five
+        now_s += 0.1
+        model.add(now_s, 5, 18 * GiB, TOTAL)
+        if i >= 2:  # the third reading in a row that shows it gone
+            assert model.cap() == 7
+    assert model.estimate().baseline_bytes == pytest.approx(8 * GiB)  # type: ignore[union-attr]
