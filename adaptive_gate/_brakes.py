@@ -126,6 +126,12 @@ class KneeBrake:
     def bars(self, level: int, now_s: float) -> bool:
         return level >= self._ceiling and now_s < self._until_s
 
+    def forget(self) -> None:
+        """What one slot means changed (routes got their weights): latency measured at so many
+        slots before is no evidence about so many now, and neither is a knee found with it."""
+        self._latency_s_by_concurrency.clear()
+        self._ceiling, self._until_s, self._strikes = math.inf, -math.inf, 0
+
     def _recent_latency_s(self, concurrency: int, now_s: float) -> float | None:
         seen = self._latency_s_by_concurrency.get(concurrency)
         if seen is None or now_s - seen[1] > self.memory_s:

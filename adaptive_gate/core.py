@@ -25,8 +25,9 @@ from ._admission import OVERLOAD_MODES, DrainRate, queue_up
 from ._codel import ControlledDelay
 from ._operator import OperatorBounds
 from ._queue import FairLine, FifoLine
+from ._route_weights import RouteWeights
 from ._swallowed import SwallowedOoms
-from ._tickets import Outcome, Ticket, _Probe, units_of_cost
+from ._tickets import MAX_COST, Outcome, Ticket, _Probe, units_of_cost
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
@@ -82,6 +83,9 @@ class GateCore:
         self.classes = ClassCounts() if classes else None
         self.services = ServiceEstimates()
         self._mean_by_route = self.services.mean_by_route
+        # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
+        self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
+        self.units_by_route: dict[object, float] = {}  # the slots each route's requests hold now
         self.drain = DrainRate()
         self._clock = clock
         self.operator: OperatorBounds | None = None
@@ -125,6 +129,12 @@ class GateCore:
             return ADMITTED
         return queue_up(self, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
+    def weigh(self, route: object, units: float) -> float:
+        """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
+        weights = self.route_weights
+        weight = 1.0 if weights is None else weights.by_route.get(route, 1.0)
+        return units if weight == 1.0 else units_of_cost(min(MAX_COST, units * weight))
+
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
         self.limiter.leave(waiter)
@@ -139,6 +149,8 @@ class GateCore:
         counters.admitted += 1
         self.queue_wait_s.add(waited_s)
         self.queue_wait_histogram.observe(waited_s)
+        by_route = self.units_by_route
+        by_route[route] = by_route.get(route, 0.0) + units
         limiter = self.limiter
         alone = limiter.in_flight == units
         epoch = self.controller.epoch
@@ -153,6 +165,7 @@ class GateCore:
         in_flight = limiter.in_flight
         busy_area = limiter.busy_area(now_s)
         limiter.release(ticket.units)
+        self.units_by_route[ticket.route] -= ticket.units
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -228,6 +241,10 @@ class GateCore:
     def sample(self, sample: MemorySample, now_s: float) -> None:
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
+        if self.route_weights is not None and self.route_weights.observe(sample.used_bytes, self.units_by_route):
+            units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
+            if units_changed is not None:
+                units_changed()
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)

@@ -165,7 +165,7 @@ class AdaptiveGate:
         clock, core = self._clock, self.core
         arrived_s = clock()
         cost = self.options.cost
-        units = 1 if cost is None else units_of_cost(cost(scope))
+        units = core.weigh(route, 1 if cost is None else units_of_cost(cost(scope)))
         deadline_s, length, has_body = request_head(scope, self.options.queue_timeout)
         body: Body | None = None
         if has_body:

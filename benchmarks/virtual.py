@@ -67,6 +67,7 @@ def phases_of(
             p.neighbour_bytes,
             p.neighbour_step_bytes,
             cost,
+            scenario.route,
         )  # fmt: skip
         for p in scenario.phases
     ]
@@ -126,6 +127,7 @@ PLAN = {
     "growth": ["2x"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
+    "mixed-routes": ["2x"],
 }
 
 
