@@ -23,6 +23,7 @@ KNEE_STRIKES = 3
 # How much roomier (in requests) the card must be than at an OOM before its level is tried again.
 ROOM_MARGIN = 0.5
 OOM_STATE_S = 1.0  # how long after an OOM the readings still describe the state it happened in
+MAX_STATES = 16  # the recent OOMs' states kept (each for at most `max_hold_s`)
 
 
 class OomHold:
@@ -37,12 +38,18 @@ class OomHold:
         self._until_s = -math.inf
         self._hold_now_s = self.hold_s
         self._last_oom_s = -math.inf
-        self._room: float | None = None
+        # Where memory is read: each recent OOM's [level, room then, when]. Each bars its own level
+        # and up while the card is as tight as it was then, whatever the other OOMs' states.
+        self._states: list[list[float]] = []
+        self._room_known = False  # whether the latest OOM came with a room
 
     def record(self, now_s: float, ran_out_at: int, room: float | None = None) -> None:
         """Memory ran out with `ran_out_at` requests in flight, when the card had `room` for so many
         requests as far as the readings told (None: memory is not read)."""
-        self._room = room
+        self._room_known = room is not None
+        self._states = [state for state in self._states if now_s < state[2] + self.max_hold_s]
+        if room is not None:
+            self._states = self._states[-(MAX_STATES - 1) :] + [[ran_out_at, room, now_s]]
         if now_s - self._last_oom_s > self.max_hold_s:
             self.ceiling, self._hold_now_s = None, self.hold_s  # a long quiet spell: forget it
         if self.ceiling is not None and ran_out_at >= self.ceiling:
@@ -56,17 +63,23 @@ class OomHold:
         """A reading after the OOM: for `OOM_STATE_S` the state it happened in is still being read
         (the reading that shows a neighbour's arrival may come after the OOM it caused), so the
         tightest room seen then is the one recorded."""
-        if self._room is not None and room is not None and now_s - self._last_oom_s <= OOM_STATE_S:
-            self._room = min(self._room, room)
+        if room is None:
+            return
+        for state in self._states:
+            if now_s - state[2] <= OOM_STATE_S:
+                state[1] = min(state[1], room)
 
     def bars(self, level: int, now_s: float, room: float | None = None) -> bool:
         """Whether `level` is barred now, with `room` for so many requests as the readings tell."""
         if self.ceiling is None or level < self.ceiling:
             return False
-        if self._room is not None and room is not None:
-            # Conditional: barred while the card is no roomier than when it ran out (within half a
-            # request), for at most `max_hold_s` (after which it is tried again, once).
-            return room < self._room + ROOM_MARGIN and now_s < self._last_oom_s + self.max_hold_s
+        if self._room_known and room is not None:
+            # Conditional: barred while the card is no roomier than when that level (or one below
+            # it) ran out (within half a request), for at most `max_hold_s` after that OOM.
+            return any(
+                level >= ran_out_at and room < room_then + ROOM_MARGIN and now_s < at_s + self.max_hold_s
+                for ran_out_at, room_then, at_s in self._states
+            )
         return now_s < self._until_s
 
 
@@ -112,6 +125,12 @@ class KneeBrake:
 
     def bars(self, level: int, now_s: float) -> bool:
         return level >= self._ceiling and now_s < self._until_s
+
+    def forget(self) -> None:
+        """What one slot means changed (routes got their weights): latency measured at so many
+        slots before is no evidence about so many now, and neither is a knee found with it."""
+        self._latency_s_by_concurrency.clear()
+        self._ceiling, self._until_s, self._strikes = math.inf, -math.inf, 0
 
     def _recent_latency_s(self, concurrency: int, now_s: float) -> float | None:
         seen = self._latency_s_by_concurrency.get(concurrency)

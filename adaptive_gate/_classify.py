@@ -55,8 +55,10 @@ class Classifier:
             text = value.strip()
             negative = text.startswith(b"-")
             digits = text[1:] if negative else text
-            if not digits.isdigit() or len(digits) > 6:
+            if not digits.isdigit():
                 return 0
+            if len(digits) > 6:  # past either bound whatever the digits: clamped without converting them
+                return PRIORITY_MIN if negative else PRIORITY_MAX
             value = -int(digits) if negative else int(digits)
         if isinstance(value, bool) or not isinstance(value, int):
             return 0

@@ -7,6 +7,8 @@ small types without the core's bookkeeping around them.
 
 from __future__ import annotations
 
+import math
+import numbers
 from enum import Enum
 
 from .memory import MemorySample
@@ -19,13 +21,15 @@ MAX_COST = float(1 << 20)
 
 def units_of_cost(cost: object) -> float:
     """What a request weighs in slots, from the `cost` hook's answer: a finite number > 0, rounded
-    to a 64th (at least one 64th)."""
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
+    to a 64th (at least one 64th). Any real number will do (a numpy scalar, a `Fraction`), since a
+    hook often computes it from an array's shape."""
+    weight = float(cost) if isinstance(cost, numbers.Real) and not isinstance(cost, bool) else math.nan
+    if not 0 < weight <= MAX_COST:
         raise ValueError(
-            f"the gate's cost hook must return a number > 0 and <= {MAX_COST:.0f} (what a request weighs: "
-            f"a batch size, pixels, tokens), got {cost!r}"
+            f"the gate's cost hook must return a number > 0 and <= {MAX_COST:.0f}, in slots: a typical "
+            f"request weighs about 1 (a batch of 8 images: 8; an image: its pixels / 224**2), got {cost!r}"
         )
-    return max(COST_QUANTUM, round(cost / COST_QUANTUM) * COST_QUANTUM)
+    return max(COST_QUANTUM, round(weight / COST_QUANTUM) * COST_QUANTUM)
 
 
 class Outcome(Enum):

@@ -262,6 +262,12 @@ class AIMD(_Bounds):
         else:
             self._update("memory cap")
 
+    def units_changed(self) -> None:
+        """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
+        request. The knee's latencies were timed in the old slots; the memory model and the OOM
+        levels follow by themselves (the weights keep the mean request at one slot)."""
+        self.knee.forget()
+
     def describe(self) -> dict[str, Any]:
         est = self.memory.estimate()
         return {

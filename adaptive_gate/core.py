@@ -25,8 +25,9 @@ from ._codel import ControlledDelay
 from ._core_answers import CoreAnswers
 from ._operator import OperatorBounds
 from ._queue import FairLine, FifoLine
+from ._route_weights import RouteWeights
 from ._swallowed import SwallowedOoms
-from ._tickets import Outcome, Ticket, _Probe, units_of_cost
+from ._tickets import MAX_COST, Outcome, Ticket, _Probe, units_of_cost
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
@@ -80,6 +81,9 @@ class GateCore(CoreAnswers):
         self.classes = ClassCounts() if classes else None
         self.services = ServiceEstimates()
         self._mean_by_route = self.services.mean_by_route
+        # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
+        self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
+        self.units_by_route: dict[object, float] = {}  # the slots each route's requests hold now
         self.drain = DrainRate()
         self._clock = clock
         self.operator: OperatorBounds | None = None
@@ -139,6 +143,8 @@ class GateCore(CoreAnswers):
             return None
         counters = self.counters
         counters.admitted += 1
+        by_route = self.units_by_route
+        by_route[route] = by_route.get(route, 0.0) + units
         if now_s == arrived_s:
             self.queue_wait_s.add_zero()
         else:
@@ -146,6 +152,12 @@ class GateCore(CoreAnswers):
         return Ticket(
             now_s, busy_area, self.controller.epoch, counters.admitted, limiter.in_flight == units, units, route
         )
+
+    def weigh(self, route: object, units: float) -> float:
+        """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
+        weights = self.route_weights
+        weight = 1.0 if weights is None else weights.by_route.get(route, 1.0)
+        return units if weight == 1.0 else units_of_cost(min(MAX_COST, units * weight))
 
     def leave(self, waiter: Waiter) -> None:
         """Give the place back, or the slot if it came meanwhile."""
@@ -160,6 +172,8 @@ class GateCore(CoreAnswers):
         counters = self.counters
         counters.admitted += 1
         self.queue_wait_s.add(waited_s)
+        by_route = self.units_by_route
+        by_route[route] = by_route.get(route, 0.0) + units
         limiter = self.limiter
         alone = limiter.in_flight == units
         epoch = self.controller.epoch
@@ -174,6 +188,7 @@ class GateCore(CoreAnswers):
         in_flight = limiter.in_flight
         busy_area = limiter.busy_area(now_s)
         limiter.release(ticket.units)
+        self.units_by_route[ticket.route] -= ticket.units
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -251,6 +266,10 @@ class GateCore(CoreAnswers):
     def sample(self, sample: MemorySample, now_s: float) -> None:
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
+        if self.route_weights is not None and self.route_weights.observe(sample.used_bytes, self.units_by_route):
+            units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
+            if units_changed is not None:
+                units_changed()
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)

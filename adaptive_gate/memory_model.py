@@ -69,13 +69,17 @@ class MemoryModel:
         spread_z: float = 1.0,
     ) -> None:
         self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
-        self.spread_z = spread_z
-        if halflife_s <= 0:
+        if isinstance(spread_z, bool) or not isinstance(spread_z, int | float) or not 0 <= spread_z < math.inf:
+            raise ValueError(f"spread_z must be a finite number >= 0, got {spread_z!r}")
+        self.spread_z = float(spread_z)
+        if not halflife_s > 0:  # NaN too
             raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
         if window < 4:
             raise ValueError(f"window must be >= 4 samples, got {window}")
         self._halflife_s = halflife_s
-        self._min_request_fraction = min_request_fraction
+        # The least a request (or unit of cost) is taken to hold: > 0, or a reading where used
+        # memory did not move would size a request at 0 bytes and the room at a division by zero.
+        self._min_request_fraction = check_fraction("min_request_fraction", min_request_fraction)
         self._recent: deque[tuple[float, float]] = deque(maxlen=window)
         self._last_s: float | None = None
         self._baseline: float | None = None
@@ -210,9 +214,11 @@ class MemoryModel:
         mean_x = sum(x for x, _ in recent) / n
         mean_y = sum(y for _, y in recent) / n
         var_x = sum((x - mean_x) ** 2 for x, _ in recent) / n
-        most_common_share = max(Counter(x for x, _ in recent).values()) / n
-        if var_x < 0.1 or most_common_share > 0.875:
-            return False  # in-flight barely varied: a few stray samples must not tilt the line
+        most_common = max(Counter(x for x, _ in recent).values())
+        if var_x < 0.1 or most_common > 0.875 * n or n - most_common < 2:
+            # In-flight barely varied: a few stray samples must not tilt the line, and one alone
+            # (a neighbour's blip read at another level) would set its slope all by itself.
+            return False
         slope = sum((x - mean_x) * (y - mean_y) for x, y in recent) / n / var_x
         if slope < self._min_request_fraction * self._total_bytes:
             return False

@@ -169,7 +169,7 @@ class AdaptiveGate:
         clock, core = self._clock, self.core
         arrived_s = clock()
         cost = self._cost
-        units = 1 if cost is None else units_of_cost(cost(scope))
+        units = core.weigh(route, 1 if cost is None else units_of_cost(cost(scope)))
         deadline_s, length, has_body = request_head(scope, self._queue_timeout_s)
         body: Body | None = None
         now_s = arrived_s  # no body to read: it may go in the moment it arrived, and waited for nothing

@@ -46,6 +46,8 @@ class Phase:
     neighbour_step_bytes: int = 0
     # What a request of so many bytes says it weighs (the gate's `cost`); None: every request weighs 1
     cost: Callable[[int], float] | None = None
+    # Which route a request of so many bytes takes (one the gate can tell apart); None: one route
+    route: Callable[[int], str] | None = None
 
 
 @dataclass
@@ -83,6 +85,7 @@ class _Request:
     nbytes: int
     work_s: float
     units: float = 1
+    route: str | None = None
     remaining_s: float = 0.0
     doomed: bool = False  # it will run out of memory when its remaining work is done
     ticket: Ticket | None = None
@@ -241,10 +244,11 @@ class _Run:
             return
         self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
         nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
-        units = 1 if phase.cost is None else units_of_cost(phase.cost(nbytes))
-        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s, units)
+        route = None if phase.route is None else phase.route(nbytes)
+        units = self.core.weigh(route, 1 if phase.cost is None else units_of_cost(phase.cost(nbytes)))
+        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s, units, route)
         self.told("arrive", request.id)
-        admission = self.core.arrive(self.queue_timeout_s, units=units)
+        admission = self.core.arrive(self.queue_timeout_s, units=units, route=route)
         if admission is ADMITTED:
             self.start(request)
         elif isinstance(admission, str):
@@ -257,7 +261,7 @@ class _Run:
             self.start_granted()
 
     def start(self, request: _Request) -> None:
-        request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s, request.units)
+        request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s, request.units, request.route)
         try:
             request.allocation = self.gpu.allocate(request.nbytes).__enter__()
         except RuntimeError:

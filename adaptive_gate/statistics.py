@@ -106,6 +106,9 @@ class GateStatistics:
     priorities: dict[str, dict[str, int]] = field(default_factory=dict)
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
     overload: dict[str, Any] = field(default_factory=dict)
+    # What one request of each route weighs in slots, where readings have told routes apart
+    # (`_route_weights`); empty while every request weighs 1.
+    route_weights: dict[str, float] = field(default_factory=dict)
 
 
 def snapshot(core: GateCore) -> GateStatistics:
@@ -148,6 +151,7 @@ def snapshot(core: GateCore) -> GateStatistics:
         priorities={} if core.classes is None else core.classes.shown_priorities(),
         tenants={} if core.classes is None else core.classes.shown_tenants(),
         overload=_overload(core),
+        route_weights={} if core.route_weights is None else core.route_weights.weights(),
     )
 
 

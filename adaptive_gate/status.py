@@ -167,6 +167,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "overload": stats.overload,
         "priorities": stats.priorities,
         "tenants": stats.tenants,
+        "route_weights": stats.route_weights,
         "controller": {
             "controller": stats.controller.name,
             "bound": stats.controller.bound,

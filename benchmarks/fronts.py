@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adaptive_gate.limiter import Limiter
 
-from .model import GiB, Phase, Size
+from .model import INFER_PATHS, GiB, Phase, Size
 
 if TYPE_CHECKING:
     from .harness import World
@@ -83,7 +83,7 @@ class OracleMiddleware:
         self.limiter.limit = self._limit(phase)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/infer":
+        if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
             await self.app(scope, receive, send)
             return
         units = 1 if self.counting else int(header(scope, b"x-request-bytes")) / GiB

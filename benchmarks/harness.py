@@ -43,7 +43,7 @@ from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
 
 from .fronts import CrashSimulator, OracleMiddleware, header
-from .model import GiB, Phase, Scenario, Size
+from .model import INFER_PATHS, GiB, Phase, Scenario, Size
 
 __all__ = ["DEADLINE_S", "OOM_AFTER_FRACTION", "GiB", "Phase", "RunResult", "Scenario", "Size", "run"]
 
@@ -139,10 +139,11 @@ class World:
         elif self.policy == "oracle":
             app.add_middleware(OracleMiddleware, world=self)
         elif self.policy.startswith("static-"):
-            app.add_middleware(SemaphoreMiddleware, limit=int(self.policy.split("-")[1]), paths={"/infer"})
+            app.add_middleware(SemaphoreMiddleware, limit=int(self.policy.split("-")[1]), paths=set(INFER_PATHS))
         app.add_middleware(CrashSimulator, world=self)
         world = self
 
+        @app.post("/infer/large", tags=["gpu"])  # where the scenario gives large requests their own route
         @app.post("/infer", tags=["gpu"])
         def infer(request: Request) -> dict[str, bool]:
             nbytes = int(request.headers["x-request-bytes"])
@@ -173,13 +174,14 @@ class World:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s
 
-    def request_headers(self) -> dict[str, str]:
-        """What a client sends: its deadline, its size (which the app allocates) and what it weighs."""
+    def request(self) -> tuple[str, dict[str, str]]:
+        """What a client sends: the path, its deadline, its size (which the app allocates) and what
+        it weighs."""
         nbytes = self.phase.request_bytes(self.random)
         headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000)), "x-request-bytes": str(nbytes)}
         if self.scenario.cost is not None:
             headers["x-cost"] = str(self.scenario.cost(nbytes))
-        return headers
+        return ("/infer" if self.scenario.route is None else self.scenario.route(nbytes)), headers
 
     def advance_phase(self) -> None:
         fraction = self.elapsed_s() / self.duration_s
@@ -264,7 +266,8 @@ async def run(
                 response = None
                 with anyio.move_on_after(DEADLINE_S):  # the client's deadline, all included
                     try:
-                        response = await client.post("/infer", headers=world.request_headers())
+                        path, headers = world.request()
+                        response = await client.post(path, headers=headers)
                     except httpx.TimeoutException:
                         pass
                 if response is None:

@@ -6,9 +6,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["GiB", "Phase", "Scenario", "Size"]
+__all__ = ["INFER_PATHS", "GiB", "Phase", "Scenario", "Size"]
 
 GiB = 2**30
+INFER_PATHS = ("/infer", "/infer/large")  # the benchmark app's gated routes (the second: mixed-routes)
 
 
 @dataclass(frozen=True)
@@ -44,4 +45,5 @@ class Scenario:
     capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
     crash_on_oom: bool = False
     cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
+    route: Callable[[int], str] | None = None  # the path a request of so many bytes takes (None: /infer)
     lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)

@@ -17,6 +17,11 @@ def cost_in_small_requests(nbytes: int) -> float:
     return nbytes / (1.5 * GiB)
 
 
+def route_by_size(nbytes: int) -> str:
+    """The mixed-routes scenario: large requests have an endpoint of their own (a batch route, say)."""
+    return "/infer/large" if nbytes > 3 * GiB else "/infer"
+
+
 def oracle_limits(scenario: Scenario) -> list[tuple[float, int]] | None:
     """(from fraction, limit) for a semaphore resized the moment the card changes to exactly what fits
     then; None where sizes are drawn (the oracle is then the best static-N, which knows the mix)."""
@@ -63,6 +68,13 @@ SCENARIOS: dict[str, Scenario] = {
             cost=cost_in_small_requests,
         ),
         Scenario(
+            "mixed-routes",
+            "mixed, where the large requests take a route of their own; the gate is told nothing and "
+            "learns each route's weight from the readings",
+            [Phase(0.0, small_and_large)],
+            route=route_by_size,
+        ),
+        Scenario(
             "classic-crash",
             "classic, where an OOM kills the worker for 2 s (as an unrecoverable CUDA error does)",
             [Phase(0.0, THREE_GIB)],
@@ -94,6 +106,7 @@ FULL_PLAN: dict[str, list[str]] = {
     "growth": ["2x"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
+    "mixed-routes": ["2x"],
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
 }
@@ -104,6 +117,7 @@ QUICK_PLAN: dict[str, list[str]] = {
     "growth": ["2x"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
+    "mixed-routes": ["2x"],
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
 }

@@ -67,6 +67,7 @@ def phases_of(
             p.neighbour_bytes,
             p.neighbour_step_bytes,
             cost,
+            scenario.route,
         )  # fmt: skip
         for p in scenario.phases
     ]
@@ -126,6 +127,7 @@ PLAN = {
     "growth": ["2x"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
+    "mixed-routes": ["2x"],
 }
 
 
@@ -145,7 +147,8 @@ def main() -> None:
             print(
                 f"{name:16} {load:5} adaptive {adaptive.goodput_per_s:6.2f}/s ooms {adaptive.ooms:3}  "
                 f"oracle {oracle.goodput_per_s:6.2f} ({adaptive.goodput_per_s / oracle.goodput_per_s:.2f}x)  "
-                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)"
+                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)  "
+                f"oracle / best static {oracle.goodput_per_s / best.goodput_per_s:.2f}x"
             )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -214,7 +216,17 @@ def test_bad_knobs(kwargs: dict[str, float], match: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"target_utilisation": 0}, "target_utilisation"), ({"halflife_s": 0}, "halflife_s"), ({"window": 2}, "window")],
+    [
+        ({"target_utilisation": 0}, "target_utilisation"),
+        ({"halflife_s": 0}, "halflife_s"),
+        ({"halflife_s": math.nan}, "halflife_s"),
+        ({"window": 2}, "window"),
+        # Found in review: 0 (or less) sized a request at 0 bytes and the room divided by it.
+        ({"min_request_fraction": 0.0}, "min_request_fraction"),
+        ({"min_request_fraction": -1.0}, "min_request_fraction"),
+        ({"spread_z": -1.0}, "spread_z"),
+        ({"spread_z": math.nan}, "spread_z"),
+    ],
 )
 def test_bad_memory_knobs(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -408,3 +420,82 @@ def test_without_readings_an_oom_still_holds_on_the_clock() -> None:
     c.on_oom(now_s=0, epoch=c.epoch, in_flight=4)
     successes(c, 100, now_s=10)
     assert c.limit == 3  # no probe: the wall-clock hold is all there is
+
+
+def test_each_oom_keeps_the_state_it_happened_in() -> None:
+    """Found in review: the hold kept one room for all its OOMs, the latest's. Seven ran out with the
+    card as it is (room for 7.64 by the readings); then six ran out beside a neighbour (room 4.64).
+    When the neighbour left, the room was 7.64 again, exactly as at the first OOM, yet seven was
+    tried again (the limit went back to 7), because only the second OOM's state was remembered."""
+    c = AIMD(knee_gain=0)
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    c.on_sample(now_s=0.1, sample=MemorySample(10 * GiB, TOTAL), in_flight=1)  # 2 GiB a request
+    successes(c, 80, now_s=0.2)
+    assert c.limit == 7
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=7)  # seven do not fit after all
+    c.on_sample(now_s=1.05, sample=MemorySample(20 * GiB, TOTAL), in_flight=6)
+    successes(c, 80, now_s=1.1)
+    assert c.limit == 6
+    c.on_oom(now_s=2.0, epoch=c.epoch, in_flight=6)  # a neighbour of 6 GiB came
+    c.on_sample(now_s=2.05, sample=MemorySample(24 * GiB, TOTAL), in_flight=5)
+    successes(c, 80, now_s=2.1)
+    assert c.limit == 4
+    for i in range(3):  # it left: the card is as it was at the first OOM
+        c.on_sample(now_s=3.0 + i * 0.1, sample=MemorySample(16 * GiB, TOTAL), in_flight=4)
+    successes(c, 200, now_s=3.5)
+    assert c.limit == 6  # six fit again; seven ran out in this very state
+
+
+def test_an_oom_in_a_roomier_card_does_not_bar_the_levels_that_ran_there() -> None:
+    """Found in review: the other half of the same flaw. Four ran out beside a neighbour; it left
+    and the limit grew to seven; seven ran out with the card roomy. The hold then barred four and
+    up (the first OOM's level) while the room stayed below the second OOM's: a limit cut below six
+    for any other reason could not climb back to six, which had run there, for up to ten minutes."""
+    c = AIMD(knee_gain=0)
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    c.on_sample(now_s=0.1, sample=MemorySample(10 * GiB, TOTAL), in_flight=1)
+    successes(c, 80, now_s=0.2)
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=4)  # a neighbour of 6 GiB came
+    c.on_sample(now_s=1.05, sample=MemorySample(20 * GiB, TOTAL), in_flight=3)
+    for i in range(3):  # it left
+        c.on_sample(now_s=2.0 + i * 0.1, sample=MemorySample(14 * GiB, TOTAL), in_flight=3)
+    successes(c, 80, now_s=2.5)
+    assert c.limit == 7
+    c.on_oom(now_s=10.0, epoch=c.epoch, in_flight=7)  # seven do not fit after all
+    c.on_sample(now_s=10.05, sample=MemorySample(20 * GiB, TOTAL), in_flight=6)
+    assert c.limit == 6
+    # Something else takes the limit lower: a reading above the high watermark (a neighbour's
+    # blip, gone by the next readings), past the second the OOM's state is read in. Six may be
+    # tried again, seven may not.
+    c.on_sample(now_s=11.5, sample=MemorySample(int(23.6 * GiB), TOTAL), in_flight=6)
+    assert c.limit < 6
+    for i in range(5):
+        c.on_sample(now_s=12.0 + i * 0.1, sample=MemorySample(18 * GiB, TOTAL), in_flight=5)
+    assert c.memory.cap() == 7
+    successes(c, 200, now_s=13.0)
+    assert c.limit == 6
+
+
+def test_one_odd_reading_does_not_set_the_slope_of_the_line() -> None:
+    """Found in review: after one reading 3.6 GiB high (a neighbour's blip) at six in flight, then
+    readings at five only, the line through the blip and the fives was fitted (two levels, no
+    residual): 5.6 GiB a request, the baseline clamped to 0, the cap 4 where 7 fit; and since nothing
+    at a single level can tell the baseline again, it stayed at 6 for as long as the load held."""
+    model = MemoryModel()
+    now_s = 0.0
+    model.add(now_s, 0, 8 * GiB, TOTAL)
+    for i in range(16):  # five and six in flight, 2 GiB each
+        now_s += 0.1
+        model.add(now_s, 5 + i % 2, (8 + 2 * (5 + i % 2)) * GiB, TOTAL)
+    assert model.cap() == 7
+    now_s += 0.1
+    model.add(now_s, 6, int(23.6 * GiB), TOTAL)
+    assert model.cap() == 5  # memory first: taken for a neighbour at once
+    for i in range(300):  # 30 s at five
+        now_s += 0.1
+        model.add(now_s, 5, 18 * GiB, TOTAL)
+        if i >= 2:  # the third reading in a row that shows it gone
+            assert model.cap() == 7
+    assert model.estimate().baseline_bytes == pytest.approx(8 * GiB)  # type: ignore[union-attr]

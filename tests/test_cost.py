@@ -7,9 +7,11 @@ first come, first served; units always come back whole, whatever path a request 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import anyio
 import httpx
+import numpy
 import pytest
 from fastapi import FastAPI, Request
 from hypothesis import strategies as st
@@ -27,7 +29,10 @@ pytestmark = pytest.mark.anyio
 
 def test_units_are_64ths_and_bad_costs_say_what_is_wrong() -> None:
     assert units_of_cost(4) == 4.0 and units_of_cost(0.3) == 19 / 64 and units_of_cost(1e-9) == 1 / 64
-    for bad in (0, -1, math.nan, math.inf, "3", None, True, 2.0**40):
+    # What a hook computes from an array's shape is often a numpy scalar: any real number counts.
+    assert units_of_cost(numpy.int64(3)) == 3.0 and units_of_cost(numpy.float32(0.5)) == 0.5
+    assert units_of_cost(Fraction(1, 2)) == 0.5
+    for bad in (0, -1, math.nan, math.inf, "3", None, True, 2.0**40, numpy.float64("nan"), numpy.bool_(True)):
         with pytest.raises(ValueError, match="cost hook must return a number > 0"):
             units_of_cost(bad)
 

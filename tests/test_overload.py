@@ -300,6 +300,10 @@ def test_a_priority_callable_that_raises_counts_as_zero() -> None:
     assert classifier.classify(http_scope("/work")) == (0, None)  # 42 is not a tenant name
     assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("-7"))) == -7
     assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("100000"))) == 100  # clamped
+    # However many digits a client sends, a number is clamped by its sign, never read as 0.
+    assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("9" * 4000))) == 100
+    assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("-1234567"))) == -100
+    assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("12a"))) == 0
 
 
 # -- the core's books, with classes and the controlled delay ---------------------------------------

@@ -1,0 +1,164 @@
+"""How much more one route's requests hold on the card than another's, learned from readings.
+
+Without `cost` every request weighs one slot, so a route whose requests hold four times the bytes
+of another's counts as one of them: the memory cap, in requests, then either plans for the heavy
+ones everywhere or is surprised by them. A reading is one number for everything in flight, but
+the mix of routes in flight varies from reading to reading (arrivals are random), so a
+least-squares fit of the used bytes against each route's requests in flight tells each route's
+bytes per request (per unit of `cost`, where given). A route's weight is its bytes per request
+over the mean request's: the limit keeps counting typical requests, and a request takes as many
+of them as it holds memory.
+
+Arithmetic on observations, the time passed in by the caller's order of events: the simulator
+replays it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+__all__ = ["MAX_ROUTES", "RouteWeights"]
+
+MAX_ROUTES = 8  # routes told apart; the rest share one column, weighing 1 (bounded, whatever the app has)
+OTHERS = MAX_ROUTES  # the column of the routes past the first few
+WINDOW_READINGS = 48  # readings a fit looks at: about 5 s at the default sample period
+MIN_READINGS = 16  # readings with requests in flight before the first fit
+WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
+RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
+SCALE_TOLERANCE = math.log(1.25)  # the mean request's: closer than 25% is no change
+SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
+
+
+class RouteWeights:
+    """The weight learned for one request (one unit of cost) of each route, from readings of the
+    card beside the slots each route's requests held then.
+
+    The core keeps the slots in flight per route (`GateCore.units_by_route`, two dict operations a
+    request) and hands them in with each reading; all the arithmetic happens here, per reading.
+    """
+
+    def __init__(self, *, window: int = WINDOW_READINGS) -> None:
+        if window < MIN_READINGS:
+            raise ValueError(f"window must be >= {MIN_READINGS} readings, got {window}")
+        self.by_route: dict[object, float] = {}  # learned weights; a route not here weighs 1
+        self._columns: dict[object, int] = {}  # route -> its column in the readings
+        self._shares = [0.0] * (OTHERS + 1)  # by column: requests in flight, decayed per reading
+        self._recent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        self.fits = 0
+
+    def weight(self, route: object) -> float:
+        """What one unit of `route`'s cost weighs in slots: 1 until readings tell routes apart."""
+        return self.by_route.get(route, 1.0)
+
+    def weights(self) -> dict[str, float]:
+        """Each learned weight by its route's label (`str(route)` where it has none), for the status."""
+        return {getattr(route, "label", str(route)): round(w, 3) for route, w in self.by_route.items()}
+
+    def forget(self) -> None:
+        """The card changed under the readings (a neighbour came): a fit across it is no fit."""
+        self._recent.clear()
+
+    def observe(self, used_bytes: float, units_by_route: dict[object, float]) -> bool:
+        """A reading of the card's used bytes, beside the slots each route's requests held then.
+        True when the weights changed with it: what one slot means changed."""
+        shares = self._shares
+        for column in range(len(shares)):
+            shares[column] *= SHARE_DECAY
+        row = [0.0] * (OTHERS + 1)
+        for route, units in units_by_route.items():
+            if units <= 0:
+                continue
+            column = self._column(route)
+            row[column] += units
+            shares[column] += units / self.weight(route)
+        if len(self._columns) < 2:
+            return False  # one route: nothing to tell apart
+        if any(row):
+            self._recent.append((tuple(row), float(used_bytes)))
+        return len(self._recent) >= MIN_READINGS and self._fit()
+
+    def _column(self, route: object) -> int:
+        column = self._columns.get(route)
+        if column is not None:
+            return column
+        if len(self._columns) >= MAX_ROUTES:
+            return OTHERS  # fitted, so they bend no route's bytes, but not weighed
+        column = self._columns[route] = len(self._columns)
+        self._recent.clear()  # a new column: old readings do not have it
+        return column
+
+    def _fit(self) -> bool:
+        """Least squares `used = baseline + sum(bytes_r * slots_r)`; accepted only where every
+        route's requests varied on their own and the line explains the readings (a neighbour's
+        arrival inside the window does not: wait until it has passed out)."""
+        rows = list(self._recent)
+        columns = [c for c in range(OTHERS + 1) if _varies([row[c] for row, _ in rows])]
+        if len(columns) < 2:
+            return False
+        design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
+        used = [y for _, y in rows]
+        solution = _least_squares(design, used)
+        if solution is None:
+            return False
+        bytes_per_unit = solution[1:]
+        if min(bytes_per_unit) <= 0:
+            return False
+        residual_sq = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / len(rows)
+        if residual_sq > (0.25 * min(bytes_per_unit)) ** 2:
+            return False
+        self.fits += 1
+        routes = {c: r for r, c in self._columns.items() if c in columns}
+        if len(routes) < 2:
+            return False
+        # Slots in flight were weighed with the weights of now (the window starts again whenever
+        # they change): a route's bytes per request are its bytes per slot times its weight.
+        fitted = dict(zip(columns, bytes_per_unit, strict=True))
+        per_request = {c: fitted[c] * self.weight(route) for c, route in routes.items()}
+        columns = list(routes)
+        shares = {c: max(self._shares[c], 1e-9) for c in columns}
+        mean_bytes = sum(shares[c] * per_request[c] for c in columns) / sum(shares.values())
+        low, high = WEIGHT_RANGE
+        new = {c: min(high, max(low, per_request[c] / mean_bytes)) for c in columns}
+        moves = [math.log(new[c] / self.weight(routes[c])) for c in columns]
+        scale = sum(moves) / len(moves)
+        # Routes that weigh as they did against each other, under a mean request that drifted a
+        # little with the traffic's mix, keep their weights: each change restarts the window.
+        if max(abs(m - scale) for m in moves) <= RATIO_TOLERANCE and abs(scale) <= SCALE_TOLERANCE:
+            return False
+        for c in columns:
+            self.by_route[routes[c]] = new[c]
+        self._recent.clear()  # readings weighed with the old weights would bend the next fit
+        return True
+
+
+def _varies(values: list[float]) -> bool:
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values) >= 0.1
+
+
+def _dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def _least_squares(design: list[list[float]], y: list[float]) -> list[float] | None:
+    """Solve the normal equations by Gaussian elimination with partial pivoting; None when the
+    columns are (nearly) dependent: two routes always in flight together cannot be told apart."""
+    n = len(design[0])
+    a = [[_dot([row[i] for row in design], [row[j] for row in design]) for j in range(n)] for i in range(n)]
+    b = [_dot([row[i] for row in design], y) for i in range(n)]
+    scale = max(abs(a[i][i]) for i in range(n))
+    for k in range(n):
+        pivot = max(range(k, n), key=lambda i: abs(a[i][k]))
+        if abs(a[pivot][k]) <= 1e-9 * scale:
+            return None
+        a[k], a[pivot], b[k], b[pivot] = a[pivot], a[k], b[pivot], b[k]
+        for i in range(k + 1, n):
+            factor = a[i][k] / a[k][k]
+            for j in range(k, n):
+                a[i][j] -= factor * a[k][j]
+            b[i] -= factor * b[k]
+    solution = [0.0] * n
+    for k in reversed(range(n)):
+        solution[k] = (b[k] - sum(a[k][j] * solution[j] for j in range(k + 1, n))) / a[k][k]
+    return solution if all(math.isfinite(v) for v in solution) else None

@@ -1,0 +1,160 @@
+"""Route weights: each route's bytes per request, told apart from one reading of the whole card."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_gate import AIMD, Fixed
+from adaptive_gate._route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
+from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
+from adaptive_gate.memory import MemorySample
+
+GiB = 1 << 30
+BASELINE = 8 * GiB
+
+
+def feed(weights: RouteWeights, sizes: dict[str, float], readings: int, seed: int = 1, neighbour=lambda i: 0) -> None:
+    """`readings` readings of a card where each route's requests come and go at random."""
+    rng = random.Random(seed)
+    # As the core does: a request holds the weight of its route at its admission, and gives back
+    # exactly that. What it holds on the card is its route's size, whatever it weighs.
+    held: dict[str, list[float]] = {route: [] for route in sizes}
+    for i in range(readings):
+        for route in sizes:
+            target = rng.randint(0, 3)
+            while len(held[route]) < target:
+                held[route].append(weights.weight(route))
+            while len(held[route]) > target:
+                held[route].pop(0)
+        used = BASELINE + neighbour(i) + sum(sizes[r] * len(h) for r, h in held.items())
+        weights.observe(used, {route: sum(h) for route, h in held.items()})
+
+
+def test_two_routes_are_told_apart_by_the_mix_in_flight() -> None:
+    weights = RouteWeights()
+    feed(weights, {"/small": 1.5 * GiB, "/large": 6 * GiB}, 60)
+    assert weights.fits > 0
+    small, large = weights.weight("/small"), weights.weight("/large")
+    assert large / small == pytest.approx(4.0, rel=0.01)
+    # About as many of each ran: the mean request holds about 3.75 GiB, and weighs about 1.
+    assert 0.3 < small < 0.6 and 1.2 < large < 2.4
+    assert weights.weight("/never-seen") == 1.0
+    assert weights.weights() == {"/small": round(small, 3), "/large": round(large, 3)}
+
+
+def test_one_route_is_never_weighed() -> None:
+    weights = RouteWeights()
+    feed(weights, {"/only": 3 * GiB}, 60)
+    assert weights.fits == 0 and weights.weight("/only") == 1.0
+
+
+def test_routes_that_always_run_together_cannot_be_told_apart() -> None:
+    weights = RouteWeights()
+    for _ in range(40):
+        for n in (1, 2, 3, 2):
+            weights.observe(BASELINE + n * (1 + 5) * GiB, {"/a": n, "/b": n})
+    assert weights.fits == 0 and weights.weight("/a") == weights.weight("/b") == 1.0
+
+
+def test_a_neighbour_arriving_inside_the_window_is_no_evidence() -> None:
+    weights = RouteWeights()
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
+    feed(weights, sizes, 30)
+    fitted = weights.fits
+    assert fitted > 0
+    # From now on 6 GiB more is held by someone else: no line fits across the change.
+    feed(weights, sizes, 30, seed=2, neighbour=lambda i: 6 * GiB)
+    assert weights.fits == fitted and weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
+    weights.forget()  # the memory model says the card changed: the window starts again
+    feed(weights, sizes, 20, seed=3, neighbour=lambda i: 6 * GiB)
+    assert weights.fits > fitted and weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
+
+
+def test_routes_past_the_first_few_are_fitted_together_and_weigh_one() -> None:
+    weights = RouteWeights()
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB} | {f"/r{i}": 3 * GiB for i in range(MAX_ROUTES)}
+    weights.observe(BASELINE + 7.5 * GiB, {"/small": 1, "/large": 1})  # the first two seen are told apart
+    feed(weights, sizes, 200)
+    assert weights.fits > 0
+    # The last two share a column: fitted, so they bend nobody's bytes, but never weighed.
+    assert len(weights.by_route) == MAX_ROUTES and weights.weight(f"/r{MAX_ROUTES - 1}") == 1.0
+    assert weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
+
+
+def test_a_bad_window_is_refused() -> None:
+    with pytest.raises(ValueError, match=f"window must be >= {MIN_READINGS}"):
+        RouteWeights(window=3)
+
+
+events = st.lists(
+    st.tuples(st.floats(0, 2**50), st.dictionaries(st.sampled_from(["/a", "/b", "/c", 7]), st.floats(0, 64))),
+    max_size=200,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events)
+def test_any_readings_leave_weights_finite_and_in_range(sequence: list[tuple[float, dict[object, float]]]) -> None:
+    weights = RouteWeights(window=MIN_READINGS)
+    for used, units_by_route in sequence:
+        weights.observe(used, units_by_route)
+        for name in ("/a", "/b", "/c", 7):
+            assert WEIGHT_RANGE[0] <= weights.weight(name) <= WEIGHT_RANGE[1]
+
+
+# -- in the core -------------------------------------------------------------------------------
+
+
+def core_with(controller: object, now: list[float]) -> GateCore:
+    return GateCore(
+        controller,  # type: ignore[arg-type]
+        min_limit=1,
+        max_limit=64,
+        initial_limit=64,
+        max_queue=8,
+        max_retry_after_s=60,
+        clock=lambda: now[0],
+    )
+
+
+def test_the_core_weighs_routes_by_what_their_requests_hold_and_gives_back_what_it_took() -> None:
+    now = [0.0]
+    controller = AIMD()
+    units_changed = []
+    forget = controller.knee.forget
+    controller.knee.forget = lambda: (units_changed.append(now[0]), forget())[-1]  # type: ignore[method-assign]
+    core = core_with(controller, now)
+    sizes = {"/light": 1 * GiB, "/heavy": 4 * GiB}
+    rng = random.Random(3)
+    running: list[tuple[str, Ticket]] = []
+    for _ in range(400):
+        now[0] += 0.1
+        for entry in list(running):  # each ends with even odds
+            if rng.random() < 0.5:
+                running.remove(entry)
+                core.release(entry[1], now[0], Outcome.COMPLETED)
+        for route in sizes:  # some start
+            for _ in range(rng.randint(0, 2)):
+                units = core.weigh(route, 1)
+                assert core.arrive(30.0, units=units, route=route) is ADMITTED
+                running.append((route, core.admitted(now[0], 0.0, units, route)))
+        used = 2 * GiB + sum(sizes[route] for route, _ in running)
+        core.sample(MemorySample(used, 64 * GiB), now[0])
+    assert core.weigh("/heavy", 1) / core.weigh("/light", 1) == pytest.approx(4, rel=0.05)
+    assert core.weigh("/heavy", 0.5) == pytest.approx(core.weigh("/heavy", 1) / 2, abs=1 / 64)  # times its cost
+    assert set(core.statistics().route_weights) == {"/light", "/heavy"}
+    assert units_changed, "a change of what one slot means restarts the knee's table"
+    for _, ticket in running:
+        core.release(ticket, now[0], Outcome.COMPLETED)
+    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.units_by_route.values())
+
+
+def test_a_fixed_limit_counts_requests_whatever_they_hold() -> None:
+    now = [0.0]
+    core = core_with(Fixed(4), now)
+    assert core.route_weights is None and core.weigh("/heavy", 1) == 1 and core.weigh("/heavy", 2.5) == 2.5
+    assert core.statistics().route_weights == {}
