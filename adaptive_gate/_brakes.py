@@ -7,7 +7,10 @@
   known-bad limit, without barring that limit after the card has changed.
 * `KneeBrake`: latency as a brake, never the overload signal. When one more concurrent request no
   longer buys `knee_gain` of the ideal throughput gain, window after window, growth stops there for
-  a while, and the step that got there is taken back.
+  a while, and the step that got there is taken back. The two levels compared must have been seen
+  in the same stretch of traffic: a latency measured many windows ago was measured under another
+  load from outside the gate (the event loop's other work, other processes on the machine, a
+  neighbour's kernels), and set against today's it blames concurrency for what the machine did.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ __all__ = ["KNEE_STRIKES", "KneeBrake", "KneeVerdict", "OomHold"]
 # Windows in a row that must show the throughput knee before the brake acts: one slow window (a
 # warm-up, a pause of the event loop) is not a knee.
 KNEE_STRIKES = 3
+# How recently (in windows of `limit` successes) the level below must have been seen to be set
+# against the limit's. Growth steps one level at a time and judges each step over the next windows,
+# so the level it came from is at most a few windows old; at a steady limit under a queue, requests
+# run at the limit and the level below goes stale. On the 2-core demo the latency of one request
+# alone, measured idle at start-up, held the limit at 1-2 for good, set against latencies at 2
+# measured under a load that slowed every request (1 at 64 ms idle, 2 at 100-200 ms loaded).
+KNEE_FRESH_WINDOWS = 2 * KNEE_STRIKES
 # How much roomier (in requests) the card must be than at an OOM before its level is tried again.
 ROOM_MARGIN = 0.5
 OOM_STATE_S = 1.0  # how long after an OOM the readings still describe the state it happened in
@@ -99,17 +109,21 @@ class KneeBrake:
             raise ValueError(f"knee_memory_s must be > 0, got {memory_s}")
         self.knee_gain = float(knee_gain)
         self.memory_s = float(memory_s)
-        self._latency_s_by_concurrency: dict[int, tuple[float, float]] = {}  # -> (EWMA, when last seen)
+        # concurrency -> (EWMA, when last seen, `_records` when last seen)
+        self._latency_s_by_concurrency: dict[int, tuple[float, float, int]] = {}
+        self._records = 0  # successes recorded so far: how fresh a level is, in windows
         self._ceiling = math.inf
         self._until_s = -math.inf
         self._strikes = 0
 
     def record(self, concurrency: int, latency_s: float, now_s: float) -> None:
+        self._records += 1
         previous = self._latency_s_by_concurrency.get(concurrency)
         if previous is None or now_s - previous[1] > self.memory_s:
-            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s)
+            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s, self._records)
         else:
-            self._latency_s_by_concurrency[concurrency] = (previous[0] + 0.2 * (latency_s - previous[0]), now_s)
+            ewma_s = previous[0] + 0.2 * (latency_s - previous[0])
+            self._latency_s_by_concurrency[concurrency] = (ewma_s, now_s, self._records)
 
     def judge(self, limit: int, now_s: float) -> KneeVerdict:
         """At the end of a growth window at `limit`: grow, wait, or brake here."""
@@ -132,23 +146,30 @@ class KneeBrake:
         self._latency_s_by_concurrency.clear()
         self._ceiling, self._until_s, self._strikes = math.inf, -math.inf, 0
 
-    def _recent_latency_s(self, concurrency: int, now_s: float) -> float | None:
+    def _recent_latency_s(self, concurrency: int, now_s: float, *, within_records: float = math.inf) -> float | None:
+        """The latency at `concurrency`, if seen within `memory_s` and the last `within_records` successes."""
         seen = self._latency_s_by_concurrency.get(concurrency)
-        if seen is None or now_s - seen[1] > self.memory_s:
+        if seen is None or now_s - seen[1] > self.memory_s or self._records - seen[2] > within_records:
             return None
         return seen[0]
 
     def _past_knee(self, limit: int, now_s: float) -> bool | None:
         """Whether running `limit` at once bought less than `knee_gain` of the ideal gain over fewer.
 
-        None when it cannot be told: this many did not run at once lately.
+        None when it cannot be told: this many did not run at once lately. False (grow) when no level
+        below ran in the last `KNEE_FRESH_WINDOWS` windows either, as for the first step: the step up
+        is then judged against this level, measured alongside it.
         """
         if self.knee_gain <= 0 or limit < 2:
             return False
         at_limit_s = self._recent_latency_s(limit, now_s)
         if at_limit_s is None:
             return None
-        below = next((c for c in range(limit - 1, 0, -1) if self._recent_latency_s(c, now_s) is not None), None)
+        fresh = KNEE_FRESH_WINDOWS * limit
+        below = next(
+            (c for c in range(limit - 1, 0, -1) if self._recent_latency_s(c, now_s, within_records=fresh) is not None),
+            None,
+        )
         if below is None or at_limit_s <= 0:
             return False
         below_latency_s = self._recent_latency_s(below, now_s) or 0.0

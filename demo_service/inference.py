@@ -6,7 +6,13 @@ as the model's weights expect (`model.Preprocessing`).
 
 On CUDA the card is real and PyTorch raises its own out-of-memory errors. Without a GPU the model
 computes on the CPU for real, and its memory is accounted on a `SimulatedGPU`: the weights' bytes
-from the start, and for each request the activation bytes of its input shape, held while it runs.
+from the start, and for each request its input's bytes, then each layer's output as the layer
+produces it (`_Activations`), all held until the forward pass ends. So a request that does not
+fit runs out of memory part-way through its forward pass, after the work of the layers before,
+as CUDA's allocator fails when an activation is allocated; charging the whole input shape up
+front would fail before any compute, and make an OOM free for whoever causes it (a policy that
+admits everyone would lose nothing on the demo that it loses on a card). Every policy runs the
+same `predict`, so the charge is the same for all.
 """
 
 from __future__ import annotations
@@ -16,16 +22,17 @@ import logging
 import struct
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from adaptive_gate.testing import SimulatedGPU
+from adaptive_gate.testing import Allocation, SimulatedGPU
 
-from .model import Preprocessing, activation_bytes, build_model, preprocessing_for, weight_bytes
+from .model import Preprocessing, activation_bytes, build_model, leaf_modules, preprocessing_for, weight_bytes
 
 logger = logging.getLogger("demo_service")
 
@@ -92,6 +99,47 @@ def _open(data: bytes) -> Image.Image:
         raise BadImage(400, f"the image's header or metadata is malformed or too large: {exc}") from exc
 
 
+class _Activations:
+    """Charges a forward pass's activations to the simulated card as its layers produce them.
+
+    A forward hook on every leaf module (the ones `model.activation_bytes` counts) allocates that
+    layer's output on the card, so the pass's charge grows through the pass and reaches the shape's
+    `activation_bytes` at its end; an allocation that does not fit raises the card's OOM from the
+    hook, out of `model(...)`, after the layers before it have computed. The model is shared by the
+    worker threads, so each thread charges its own pass (a thread-local list); a forward pass
+    outside `charged` (warm-up, the measurement) charges nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module, gpu: SimulatedGPU) -> None:
+        self.gpu = gpu
+        self._local = threading.local()
+        for leaf in leaf_modules(model):
+            leaf.register_forward_hook(self._charge_output)
+
+    @contextmanager
+    def charged(self, input_bytes: int) -> Iterator[None]:
+        """Hold `input_bytes` (the input on the card), then each layer's output; free all at the end."""
+        held: list[Allocation] = []
+        self._local.held = held
+        try:
+            self._take(held, input_bytes)
+            yield
+        finally:
+            self._local.held = None
+            for allocation in reversed(held):
+                allocation.release()
+
+    def _charge_output(self, _: torch.nn.Module, __: object, output: object) -> None:
+        held: list[Allocation] | None = getattr(self._local, "held", None)
+        if held is not None and isinstance(output, torch.Tensor):
+            self._take(held, output.numel() * output.element_size())
+
+    def _take(self, held: list[Allocation], nbytes: int) -> None:
+        allocation = self.gpu.allocate(nbytes)
+        allocation.__enter__()  # raises the card's OOM when it does not fit
+        held.append(allocation)
+
+
 class Classifier:
     """One model per process, on one device, with the simulated card where there is no GPU."""
 
@@ -113,6 +161,7 @@ class Classifier:
         self.gpu = gpu
         self._activation_bytes: dict[tuple[int, ...], int] = {}
         self._measure_lock = threading.Lock()
+        self._activations = None if gpu is None else _Activations(model, gpu)
 
     def bytes_for(self, shape: tuple[int, ...]) -> int:
         """Activation bytes of an input shape, measured once per shape."""
@@ -121,16 +170,20 @@ class Classifier:
                 self._activation_bytes[shape] = activation_bytes(self.model, shape, self.device)
             return self._activation_bytes[shape]
 
-    def _memory(self, shape: tuple[int, ...]) -> AbstractContextManager[object]:
-        if self.gpu is None:
-            return nullcontext()
-        return self.gpu.allocate(self.bytes_for(shape))
+    @contextmanager
+    def _memory(self, batch: torch.Tensor) -> Iterator[None]:
+        """On the simulated card, the forward pass's memory, taken as it runs (`_Activations`)."""
+        if self._activations is None:
+            yield
+            return
+        with self._activations.charged(batch.numel() * 4):  # float32 input, as `activation_bytes` counts it
+            yield
 
     def predict(self, images: list[torch.Tensor]) -> tuple[list[list[Prediction]], float]:
         """Top-5 per image of [0, 1] pixels (`decode_image`), normalised here as the weights expect."""
         batch = (torch.stack(images) - self.mean) / self.std
         started = time.perf_counter()
-        with self._memory(tuple(batch.shape)), torch.inference_mode():
+        with self._memory(batch), torch.inference_mode():
             logits = self.model(batch.to(self.device))
             probabilities = torch.softmax(logits.float(), dim=1).cpu()
         if self.device.type == "cuda":

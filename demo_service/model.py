@@ -280,6 +280,11 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def leaf_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules that compute (no children): each output is an activation a forward pass allocates."""
+    return [m for m in model.modules() if not list(m.children())]
+
+
 def activation_bytes(model: nn.Module, shape: tuple[int, ...], device: torch.device) -> int:
     """Bytes of every leaf module's output for one forward pass of an input of `shape`."""
     total = 0
@@ -289,8 +294,7 @@ def activation_bytes(model: nn.Module, shape: tuple[int, ...], device: torch.dev
         if isinstance(output, torch.Tensor):
             total += output.numel() * output.element_size()
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
+    handles = [m.register_forward_hook(count) for m in leaf_modules(model)]
     try:
         with torch.inference_mode():
             model(torch.zeros(shape, device=device))

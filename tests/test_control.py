@@ -254,6 +254,31 @@ def test_latency_brake_stops_at_the_knee() -> None:
     assert c.describe()["bound"] == "controller"
 
 
+def test_latency_brake_compares_levels_seen_under_the_same_load() -> None:
+    """The knee is found on an idle machine; then load from elsewhere slows every request.
+
+    The machine runs two at once at full speed (throughput doubles from 1 to 2, flat beyond): 0.064 s
+    per request idle, 0.15 s once loaded. The brake found 3 past the knee and barred it for
+    `knee_memory_s`; once that lapses, 3 is probed again. Set against the idle latency at 1, 2
+    looked past the knee under the load, and each such verdict barred 3 for another 30 s: on the
+    2-core demo the limit never probed again. Judged on levels seen in the same stretch of traffic,
+    it does, and comes back to 2.
+    """
+    c = AIMD(knee_memory_s=30.0)
+    bound(c)
+    limits: list[tuple[float, int]] = []
+    for step in range(5000):
+        now_s = step * 0.01
+        concurrency = c.limit
+        latency_s = (0.064 if now_s < 1.0 else 0.15) * max(1.0, concurrency / 2)
+        c.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=True)
+        limits.append((now_s, c.limit))
+    assert [limit for now_s, limit in limits if 0.9 < now_s < 1.0] == [2] * 9, "the knee, found idle"
+    assert min(limit for now_s, limit in limits if now_s >= 1.0) == 2, "never below the knee"
+    assert 3 in [limit for now_s, limit in limits if 30.0 < now_s < 35.0], "3 probed again once its bar lapsed"
+    assert c.limit == 2
+
+
 # -- properties over any sequence of events ------------------------------------------------------
 
 events = st.lists(

@@ -22,7 +22,7 @@ from PIL import Image
 
 from demo_service import Settings, create_app
 from demo_service.__main__ import parse_args, parse_size, settings_from
-from demo_service.model import DEFAULT_MODEL, build_model, weight_bytes
+from demo_service.model import DEFAULT_MODEL, build_model, leaf_modules, weight_bytes
 from demo_service.policies import parse_policy
 
 from .conftest import find_gate
@@ -197,6 +197,34 @@ async def test_memory_per_request_follows_the_input(architecture: str) -> None:
         one, four = classifier.bytes_for((1, 3, 224, 224)), classifier.bytes_for((4, 3, 224, 224))
         assert 3.5 * one < four < 4.5 * one
         assert classifier.gpu.used_bytes == weight_bytes(classifier.model)  # the model's own weights sit on the card
+
+
+async def test_the_simulated_card_runs_out_part_way_through_the_forward_pass() -> None:
+    """Activations are charged as the layers produce them, as CUDA allocates them: a request that
+    does not fit fails after the work of the layers before (not before any work), and frees all."""
+    app = create_app(Settings(architecture="resnet-tiny"))
+    async with LifespanManager(app):
+        classifier = app.state.classifier
+        gpu, shape = classifier.gpu, (1, 3, 224, 224)
+        weights, per_image = gpu.used_bytes, classifier.bytes_for(shape)
+        leaves = leaf_modules(classifier.model)
+        ran: list[torch.nn.Module] = []
+        for leaf in leaves:
+            leaf.register_forward_hook(lambda module, _, __: ran.append(module))
+        image = torch.rand(shape[1:])
+
+        classifier.predict([image])
+        calls = len(ran)  # a layer used twice (a ReLU) allocates twice
+        assert calls >= len(leaves) and gpu.peak_bytes == weights + per_image  # all of it, held to the end
+        assert gpu.used_bytes == weights
+
+        ran.clear()
+        gpu.set_neighbour(gpu.total_bytes - weights - per_image // 2)  # room for half a forward pass
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            classifier.predict([image])
+        assert 0 < len(ran) < calls  # some layers computed, then an activation did not fit
+        gpu.set_neighbour(0)
+        assert gpu.used_bytes == weights and gpu.oom_count == 1
 
 
 async def test_the_default_model_is_pretrained_and_sees_the_photo() -> None:
