@@ -30,6 +30,8 @@ KNEE_STRIKES = 3
 # alone, measured idle at start-up, held the limit at 1-2 for good, set against latencies at 2
 # measured under a load that slowed every request (1 at 64 ms idle, 2 at 100-200 ms loaded).
 KNEE_FRESH_WINDOWS = 2 * KNEE_STRIKES
+# Successes the latency at the limit must average before it may show a knee there.
+KNEE_MIN_SAMPLES = 8
 # How much roomier (in requests) the card must be than at an OOM before its level is tried again.
 ROOM_MARGIN = 0.5
 OOM_STATE_S = 1.0  # how long after an OOM the readings still describe the state it happened in
@@ -109,8 +111,8 @@ class KneeBrake:
             raise ValueError(f"knee_memory_s must be > 0, got {memory_s}")
         self.knee_gain = float(knee_gain)
         self.memory_s = float(memory_s)
-        # concurrency -> (EWMA, when last seen, `_records` when last seen)
-        self._latency_s_by_concurrency: dict[int, tuple[float, float, int]] = {}
+        # concurrency -> (EWMA, when last seen, `_records` when last seen, successes it averages)
+        self._latency_s_by_concurrency: dict[int, tuple[float, float, int, int]] = {}
         self._records = 0  # successes recorded so far: how fresh a level is, in windows
         self._ceiling = math.inf
         self._until_s = -math.inf
@@ -120,15 +122,19 @@ class KneeBrake:
         self._records += 1
         previous = self._latency_s_by_concurrency.get(concurrency)
         if previous is None or now_s - previous[1] > self.memory_s:
-            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s, self._records)
+            self._latency_s_by_concurrency[concurrency] = (latency_s, now_s, self._records, 1)
         else:
             ewma_s = previous[0] + 0.2 * (latency_s - previous[0])
-            self._latency_s_by_concurrency[concurrency] = (ewma_s, now_s, self._records)
+            self._latency_s_by_concurrency[concurrency] = (ewma_s, now_s, self._records, previous[3] + 1)
 
     def judge(self, limit: int, now_s: float) -> KneeVerdict:
         """At the end of a growth window at `limit`: grow, wait, or brake here."""
         past_knee = self._past_knee(limit, now_s)
         if past_knee is None:
+            return KneeVerdict.WAIT
+        if past_knee and not self._enough(limit):
+            # It looks like the knee, on a few requests: one slow answer in slow start (a window of
+            # one success) would bar the level for `memory_s`. Stay and time more of them here.
             return KneeVerdict.WAIT
         self._strikes = self._strikes + 1 if past_knee else 0
         if self._strikes >= KNEE_STRIKES:
@@ -145,6 +151,11 @@ class KneeBrake:
         slots before is no evidence about so many now, and neither is a knee found with it."""
         self._latency_s_by_concurrency.clear()
         self._ceiling, self._until_s, self._strikes = math.inf, -math.inf, 0
+
+    def _enough(self, concurrency: int) -> bool:
+        """Whether the latency at `concurrency` averages enough successes to judge a knee by."""
+        seen = self._latency_s_by_concurrency.get(concurrency)
+        return seen is not None and seen[3] >= KNEE_MIN_SAMPLES
 
     def _recent_latency_s(self, concurrency: int, now_s: float, *, within_records: float = math.inf) -> float | None:
         """The latency at `concurrency`, if seen within `memory_s` and the last `within_records` successes."""

@@ -279,6 +279,26 @@ def test_latency_brake_compares_levels_seen_under_the_same_load() -> None:
     assert c.limit == 2
 
 
+def test_a_few_slow_answers_in_slow_start_are_no_knee() -> None:
+    """In slow start a window is one success: the first three at a new level used to decide.
+
+    On the 2-core demo the limit went 1 -> 2 -> 3 in 0.1 s; three answers at 3 took 175 ms where 1
+    and 2 had taken 95 ms (a request's first pass, the machine busy elsewhere), and the brake
+    stepped back to 2 and barred 3 for 30 s: the whole run. A knee is judged on `KNEE_MIN_SAMPLES`
+    answers at the level; these three are outliers among them, and the real knee (4) is found."""
+    c = AIMD()
+    bound(c)
+    slow_left = 3
+    for step in range(400):
+        concurrency = c.limit
+        latency_s = 0.095 * max(1.0, concurrency / 4)
+        if concurrency == 3 and slow_left:
+            slow_left -= 1
+            latency_s = 0.175
+        c.on_success(now_s=step * 0.01, latency_s=latency_s, concurrency=concurrency, demand=True)
+    assert slow_left == 0 and c.limit in (4, 5), "past 3, to the knee (or one probing step beyond)"
+
+
 # -- properties over any sequence of events ------------------------------------------------------
 
 events = st.lists(
