@@ -53,8 +53,17 @@ class RouteWeights:
         return self.by_route.get(route, 1.0)
 
     def weights(self) -> dict[str, float]:
-        """Each learned weight by its route's label (`str(route)` where it has none), for the status."""
-        return {getattr(route, "label", str(route)): round(w, 3) for route, w in self.by_route.items()}
+        """Each learned weight by its route's label (`str(route)` where it has none), for the status.
+        Two routes may share a label (one app mounted twice): the second is shown as "label (2)"."""
+        shown: dict[str, float] = {}
+        for route, weight in self.by_route.items():
+            label = name = str(getattr(route, "label", route))
+            copies = 1
+            while name in shown:
+                copies += 1
+                name = f"{label} ({copies})"
+            shown[name] = round(weight, 3)
+        return shown
 
     def forget(self) -> None:
         """The card changed under the readings (a neighbour came): a fit across it is no fit."""

@@ -191,3 +191,18 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
     for _, ticket in running:
         core.release(ticket, now[0], Outcome.COMPLETED)
     assert core.limiter.in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
+
+
+def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:
+    # Two apps mounted at /v1 and /v2 each have a "POST /predict": two routes, one label. The
+    # status keyed them by label, so one weight hid the other; a label that is no str is shown as one.
+    from adaptive_gate._routes import GatedRoute
+
+    v1, v2 = GatedRoute("POST /predict", True), GatedRoute("POST /predict", True)
+    odd = GatedRoute("x", True)
+    odd.label = ("POST", "/odd")  # type: ignore[assignment]
+    weights = RouteWeights()
+    weights.by_route.update({v1: 0.5, v2: 2.0, odd: 1.5})
+    shown = weights.weights()
+    assert sorted(shown.values()) == [0.5, 1.5, 2.0]
+    assert all(isinstance(label, str) for label in shown) and "POST /predict" in shown
