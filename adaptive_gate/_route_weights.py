@@ -34,8 +34,9 @@ class RouteWeights:
     """The weight learned for one request (one unit of cost) of each route, from readings of the
     card beside the slots each route's requests held then.
 
-    The core keeps the slots in flight per route (`GateCore.units_by_route`, two dict operations a
-    request) and hands them in with each reading; all the arithmetic happens here, per reading.
+    The core keeps the requests in flight per route (`GateCore.requests_by_route`, two dict
+    operations a request) and hands them in with each reading (`reading`); all the arithmetic
+    happens here, per reading.
     """
 
     def __init__(self, *, window: int = WINDOW_READINGS) -> None:
@@ -52,12 +53,35 @@ class RouteWeights:
         return self.by_route.get(route, 1.0)
 
     def weights(self) -> dict[str, float]:
-        """Each learned weight by its route's label (`str(route)` where it has none), for the status."""
-        return {getattr(route, "label", str(route)): round(w, 3) for route, w in self.by_route.items()}
+        """Each learned weight by its route's label (`str(route)` where it has none), for the status.
+        Two routes may share a label (one app mounted twice): the second is shown as "label (2)"."""
+        shown: dict[str, float] = {}
+        for route, weight in self.by_route.items():
+            label = name = str(getattr(route, "label", route))
+            copies = 1
+            while name in shown:
+                copies += 1
+                name = f"{label} ({copies})"
+            shown[name] = round(weight, 3)
+        return shown
 
     def forget(self) -> None:
         """The card changed under the readings (a neighbour came): a fit across it is no fit."""
         self._recent.clear()
+
+    def requests(self, route: object, units: float) -> float:
+        """What a request that takes `units` slots of `route` weighs before its weight, to the 64th
+        (sums of 64ths add and take away exactly): counted in flight as it is admitted."""
+        weight = self.by_route.get(route, 1.0)
+        return units if weight == 1.0 else round(units / weight * 64) / 64
+
+    def reading(self, used_bytes: float, requests_by_route: dict[object, float]) -> bool:
+        """`observe`, with each route's requests in flight (`requests`) as many slots as they are
+        worth now. Not the slots they took: a request weighed before the weights last changed (one
+        that runs for longer than a fit takes) holds the old weight, and fitted as if it held the
+        new one, it bent the next fit by their ratio (4 to 1 went to 5.7, 3.5, 7.6, 2.7 ...)."""
+        weight = self.weight
+        return self.observe(used_bytes, {route: n * weight(route) for route, n in requests_by_route.items()})
 
     def observe(self, used_bytes: float, units_by_route: dict[object, float]) -> bool:
         """A reading of the card's used bytes, beside the slots each route's requests held then.

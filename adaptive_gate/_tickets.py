@@ -43,7 +43,7 @@ class Ticket:
 
     __slots__ = (
         "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
-        "sending_since_s", "abandoned", "units", "route",
+        "sending_since_s", "abandoned", "units", "route", "requests",
     )  # fmt: skip
 
     def __init__(
@@ -55,6 +55,7 @@ class Ticket:
         alone: bool,
         units: float = 1,
         route: object = None,
+        requests: float | None = None,
     ) -> None:
         self.admitted_s = admitted_s
         self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
@@ -69,6 +70,9 @@ class Ticket:
         self.sending_since_s: float | None = None
         self.abandoned = False
         self.route = route  # whose service time this one's teaches (None: one for all)
+        # What it weighs before its route's weight (`GateCore.weigh`), as counted in flight for its
+        # route at admission: given back exactly, whatever the route weighs by its release.
+        self.requests = units if requests is None else requests
 
 
 class _Probe:

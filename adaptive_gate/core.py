@@ -83,7 +83,7 @@ class GateCore(CoreAnswers):
         self._mean_by_route = self.services.mean_by_route
         # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
         self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
-        self.units_by_route: dict[object, float] = {}  # the slots each route's requests hold now
+        self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
         self.drain = DrainRate()
         self._clock = clock
         self.operator: OperatorBounds | None = None
@@ -143,15 +143,14 @@ class GateCore(CoreAnswers):
             return None
         counters = self.counters
         counters.admitted += 1
-        by_route = self.units_by_route
-        by_route[route] = by_route.get(route, 0.0) + units
+        requests = units if self.route_weights is None else self.route_weights.requests(route, units)
+        self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if now_s == arrived_s:
             self.queue_wait_s.add_zero()
         else:
             self.queue_wait_s.add(now_s - arrived_s)
-        return Ticket(
-            now_s, busy_area, self.controller.epoch, counters.admitted, limiter.in_flight == units, units, route
-        )
+        alone = limiter.in_flight == units
+        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, alone, units, route, requests)
 
     def weigh(self, route: object, units: float) -> float:
         """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
@@ -172,12 +171,12 @@ class GateCore(CoreAnswers):
         counters = self.counters
         counters.admitted += 1
         self.queue_wait_s.add(waited_s)
-        by_route = self.units_by_route
-        by_route[route] = by_route.get(route, 0.0) + units
+        requests = units if self.route_weights is None else self.route_weights.requests(route, units)
+        self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         limiter = self.limiter
         alone = limiter.in_flight == units
         epoch = self.controller.epoch
-        return Ticket(now_s, limiter.busy_area(now_s), epoch, counters.admitted, alone, units, route)
+        return Ticket(now_s, limiter.busy_area(now_s), epoch, counters.admitted, alone, units, route, requests)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
@@ -188,7 +187,7 @@ class GateCore(CoreAnswers):
         in_flight = limiter.in_flight
         busy_area = limiter.busy_area(now_s)
         limiter.release(ticket.units)
-        self.units_by_route[ticket.route] -= ticket.units
+        self.requests_by_route[ticket.route] -= ticket.requests
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -266,7 +265,7 @@ class GateCore(CoreAnswers):
     def sample(self, sample: MemorySample, now_s: float) -> None:
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
-        if self.route_weights is not None and self.route_weights.observe(sample.used_bytes, self.units_by_route):
+        if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, self.requests_by_route):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()

@@ -150,7 +150,7 @@ def test_the_core_weighs_routes_by_what_their_requests_hold_and_gives_back_what_
     assert units_changed, "a change of what one slot means restarts the knee's table"
     for _, ticket in running:
         core.release(ticket, now[0], Outcome.COMPLETED)
-    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.units_by_route.values())
+    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
 def test_a_fixed_limit_counts_requests_whatever_they_hold() -> None:
@@ -158,3 +158,51 @@ def test_a_fixed_limit_counts_requests_whatever_they_hold() -> None:
     core = core_with(Fixed(4), now)
     assert core.route_weights is None and core.weigh("/heavy", 1) == 1 and core.weigh("/heavy", 2.5) == 2.5
     assert core.statistics().route_weights == {}
+
+
+def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() -> None:
+    # Requests that outlive a fit (here about 3 s, 30 readings) still hold the slots they were
+    # weighed with. Fitted as if they held the new weights, they bent the next fit by the ratio of
+    # the two: the weights swung (4 -> 5.7 -> 3.5 -> 7.6 -> 2.7 ...), each swing wiping the knee.
+    now = [0.0]
+    controller = AIMD()
+    core = core_with(controller, now)
+    sizes = {"/light": 1 * GiB, "/heavy": 4 * GiB}
+    rng = random.Random(1)
+    running: list[tuple[float, Ticket]] = []  # (when it ends, its ticket)
+    ratios = []
+    for _ in range(1500):
+        now[0] += 0.1
+        for entry in [e for e in running if e[0] <= now[0]]:
+            running.remove(entry)
+            core.release(entry[1], now[0], Outcome.COMPLETED)
+        for route in sizes:
+            if rng.random() < 0.3:
+                units = core.weigh(route, 1)
+                assert core.arrive(30.0, units=units, route=route) is ADMITTED
+                running.append((now[0] + rng.uniform(1.5, 4.5), core.admitted(now[0], 0.0, units, route)))
+        used = 2 * GiB + sum(sizes[t.route] for _, t in running)  # type: ignore[index]
+        before = dict(core.route_weights.by_route)  # type: ignore[union-attr]
+        core.sample(MemorySample(used, 1 << 40), now[0])
+        if core.route_weights.by_route != before:  # type: ignore[union-attr]
+            ratios.append(core.weigh("/heavy", 1) / core.weigh("/light", 1))
+    assert ratios, "the routes were told apart"
+    assert all(ratio == pytest.approx(4, rel=0.1) for ratio in ratios), ratios
+    for _, ticket in running:
+        core.release(ticket, now[0], Outcome.COMPLETED)
+    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
+
+
+def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:
+    # Two apps mounted at /v1 and /v2 each have a "POST /predict": two routes, one label. The
+    # status keyed them by label, so one weight hid the other; a label that is no str is shown as one.
+    from adaptive_gate._routes import GatedRoute
+
+    v1, v2 = GatedRoute("POST /predict", True), GatedRoute("POST /predict", True)
+    odd = GatedRoute("x", True)
+    odd.label = ("POST", "/odd")  # type: ignore[assignment]
+    weights = RouteWeights()
+    weights.by_route.update({v1: 0.5, v2: 2.0, odd: 1.5})
+    shown = weights.weights()
+    assert sorted(shown.values()) == [0.5, 1.5, 2.0]
+    assert all(isinstance(label, str) for label in shown) and "POST /predict" in shown
