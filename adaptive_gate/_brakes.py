@@ -117,6 +117,7 @@ class KneeBrake:
         self._ceiling = math.inf
         self._until_s = -math.inf
         self._strikes = 0
+        self._unmeasured_windows = 0  # windows in a row that ended with no latency at the limit
 
     def record(self, concurrency: int, latency_s: float, now_s: float) -> None:
         self._records += 1
@@ -131,7 +132,15 @@ class KneeBrake:
         """At the end of a growth window at `limit`: grow, wait, or brake here."""
         past_knee = self._past_knee(limit, now_s)
         if past_knee is None:
+            # Nothing ran at `limit` at once yet. Where requests weigh more than one slot, their
+            # sums may never land on it (three slots each under a limit of 2: one runs, alone, at
+            # 3): after a few windows without a measure there, the knee has nothing to say about it.
+            self._unmeasured_windows += 1
+            if self._unmeasured_windows > KNEE_FRESH_WINDOWS:
+                self._unmeasured_windows = 0
+                return KneeVerdict.GROW
             return KneeVerdict.WAIT
+        self._unmeasured_windows = 0
         if past_knee and not self._enough(limit):
             # It looks like the knee, on a few requests: one slow answer in slow start (a window of
             # one success) would bar the level for `memory_s`. Stay and time more of them here.

@@ -299,6 +299,19 @@ def test_a_few_slow_answers_in_slow_start_are_no_knee() -> None:
     assert slow_left == 0 and c.limit in (4, 5), "past 3, to the knee (or one probing step beyond)"
 
 
+def test_a_limit_that_requests_never_fill_exactly_still_grows() -> None:
+    """Requests of three slots each under a limit of 2: one runs at a time, alone, at 3; the knee
+    never measures 2 and used to wait for that for ever (found in review). After a few windows
+    with no measure at the limit, it lets the limit grow."""
+    c = AIMD()
+    bound(c)
+    for step in range(300):
+        # As many slots run as whole requests fit: one of three slots until the limit reaches 6.
+        concurrency = 3 * max(1, c.limit // 3)
+        c.on_success(now_s=step * 0.1, latency_s=0.1, concurrency=concurrency, demand=True)
+    assert c.limit >= 6, "grown to where two requests run at once"
+
+
 # -- properties over any sequence of events ------------------------------------------------------
 
 events = st.lists(

@@ -283,14 +283,14 @@ def test_an_oom_from_a_neighbour_does_not_bar_its_level_after_it_left() -> None:
         # Inputs that double overflow the card in a burst before any reading shows why: 2 per change
         # (the issue's target is 1; the README says so).
         ("growth", 0.90, 4),
-        ("mixed-cost", 0.90, 0),
+        ("mixed-cost", 0.95, 0),
         # Sizes it cannot tell apart: OOMs are a budget there, not a bound. The issue's target is
         # 0.75 of a byte budget that knows each size; this release reaches about 0.64 (README):
         # the guard here is against falling back to 0.1's 0.08.
         ("mixed", 0.65, None),
         # The same sizes, the large on a route of their own: told nothing, the gate learns each
         # route's weight from the readings (about 2 s; the OOMs come before it knows).
-        ("mixed-routes", 0.85, 4),
+        ("mixed-routes", 0.95, 4),
     ],
 )
 def test_within_reach_of_an_oracle_that_knows_the_future(
