@@ -26,7 +26,6 @@ WINDOW_READINGS = 48  # readings a fit looks at: about 5 s at the default sample
 MIN_READINGS = 16  # readings with requests in flight before the first fit
 WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
-SCALE_TOLERANCE = math.log(1.25)  # the mean request's: closer than 25% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
 
 
@@ -141,15 +140,18 @@ class RouteWeights:
         per_request = {c: fitted[c] * self.weight(route) for c, route in routes.items()}
         columns = list(routes)
         shares = {c: max(self._shares[c], 1e-9) for c in columns}
-        mean_bytes = sum(shares[c] * per_request[c] for c in columns) / sum(shares.values())
+        total_share = sum(shares.values())
+        mean_bytes = sum(shares[c] * per_request[c] for c in columns) / total_share
+        # The scale stays what it is (1 until the first fit: the mean request of the traffic then
+        # weighs one slot), so that a slot keeps meaning the same bytes to the memory model and the
+        # limit; a change of weights only changes the routes against each other.
+        mean_weight = sum(shares[c] * self.weight(routes[c]) for c in columns) / total_share
         low, high = WEIGHT_RANGE
-        new = {c: min(high, max(low, per_request[c] / mean_bytes)) for c in columns}
+        new = {c: min(high, max(low, mean_weight * per_request[c] / mean_bytes)) for c in columns}
         moves = [math.log(new[c] / self.weight(routes[c])) for c in columns]
         scale = sum(moves) / len(moves)
-        # Routes that weigh as they did against each other, under a mean request that drifted a
-        # little with the traffic's mix, keep their weights: each change restarts the window.
-        if max(abs(m - scale) for m in moves) <= RATIO_TOLERANCE and abs(scale) <= SCALE_TOLERANCE:
-            return False
+        if max(abs(m - scale) for m in moves) <= RATIO_TOLERANCE:
+            return False  # the routes weigh as they did against each other: refined, not changed
         for c in columns:
             self.by_route[routes[c]] = new[c]
         self._recent.clear()  # readings weighed with the old weights would bend the next fit

@@ -264,9 +264,11 @@ class AIMD(_Bounds):
 
     def units_changed(self) -> None:
         """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
-        request. The knee's latencies were timed in the old slots; the memory model and the OOM
-        levels follow by themselves (the weights keep the mean request at one slot)."""
+        request. The knee's latencies were timed in the old slots, and the memory model's line was
+        drawn through readings counted in them; its estimates and the OOM levels carry over (the
+        weights keep the mean request at one slot)."""
         self.knee.forget()
+        self.memory.units_changed()
 
     def describe(self) -> dict[str, Any]:
         est = self.memory.estimate()

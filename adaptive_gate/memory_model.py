@@ -167,6 +167,13 @@ class MemoryModel:
         self._moves.append(move)
         return move > 3 * statistics.median(self._moves)
 
+    def units_changed(self) -> None:
+        """What one slot holds changed (routes got their weights): in-flight counts read before are
+        in other units, and a line across the change would be no line. The estimates stay: the
+        weights keep the mean request at one slot."""
+        self._recent.clear()
+        self._since_shrink = 0
+
     def _forget_proof(self) -> None:
         """The card changed for the worse: a level that fitted before proves nothing now."""
         self._since_shrink = 1

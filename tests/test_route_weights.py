@@ -206,3 +206,26 @@ def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None
     shown = weights.weights()
     assert sorted(shown.values()) == [0.5, 1.5, 2.0]
     assert all(isinstance(label, str) for label in shown) and "POST /predict" in shown
+
+
+def test_a_change_of_units_restarts_the_memory_models_line() -> None:
+    """Readings counted in the old slots and the new ones do not lie on one line: after a change of
+    weights the model draws its line through the new readings only, and knows the new slot as soon
+    as it has a line's worth of them."""
+    from adaptive_gate.memory_model import MemoryModel
+
+    def feed(model: MemoryModel, start_s: float, slots_per_request: float) -> None:
+        for i in range(12):
+            requests = 1 + i % 5
+            model.add(start_s + i * 0.1, requests * slots_per_request, BASELINE + requests * 2 * GiB, 64 * GiB)
+
+    model = MemoryModel()
+    feed(model, 0.0, 1.0)
+    estimate = model.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(2 * GiB, rel=0.01)
+    controller = AIMD(memory=model)
+    controller.units_changed()  # a request now takes 1.25 slots of 1.6 GiB
+    feed(model, 2.0, 1.25)
+    estimate = model.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(1.6 * GiB, rel=0.01)
+    assert estimate.baseline_bytes == pytest.approx(BASELINE, rel=0.01)
