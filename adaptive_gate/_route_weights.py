@@ -130,10 +130,10 @@ class RouteWeights:
         residual_sq = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / len(rows)
         if residual_sq > (0.25 * min(bytes_per_unit)) ** 2:
             return False
-        self.fits += 1
         routes = {c: r for r, c in self._columns.items() if c in columns}
         if len(routes) < 2:
-            return False
+            return False  # one route beside the others' column: nothing to weigh against
+        self.fits += 1
         # Slots in flight were weighed with the weights of now (the window starts again whenever
         # they change): a route's bytes per request are its bytes per slot times its weight.
         fitted = dict(zip(columns, bytes_per_unit, strict=True))
@@ -171,8 +171,9 @@ def _least_squares(design: list[list[float]], y: list[float]) -> list[float] | N
     """Solve the normal equations by Gaussian elimination with partial pivoting; None when the
     columns are (nearly) dependent: two routes always in flight together cannot be told apart."""
     n = len(design[0])
-    a = [[_dot([row[i] for row in design], [row[j] for row in design]) for j in range(n)] for i in range(n)]
-    b = [_dot([row[i] for row in design], y) for i in range(n)]
+    columns = [[row[i] for row in design] for i in range(n)]
+    a = [[_dot(columns[i], columns[j]) for j in range(n)] for i in range(n)]
+    b = [_dot(columns[i], y) for i in range(n)]
     scale = max(abs(a[i][i]) for i in range(n))
     for k in range(n):
         pivot = max(range(k, n), key=lambda i: abs(a[i][k]))
