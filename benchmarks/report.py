@@ -11,7 +11,8 @@ from .plots import plot_scenario
 
 RESULTS = Path(__file__).parent / "results"
 ORDER = [
-    "classic", "neighbour", "neighbour-greedy", "growth", "mixed", "mixed-cost", "mixed-routes", "classic-crash", "no-lifespan",
+    "classic", "neighbour", "neighbour-greedy", "growth", "mixed", "mixed-cost", "mixed-routes", "classic-crash",
+    "no-lifespan",
 ]  # fmt: skip
 
 
