@@ -6,8 +6,9 @@ ones everywhere or is surprised by them. A reading is one number for everything 
 the mix of routes in flight varies from reading to reading (arrivals are random), so a
 least-squares fit of the used bytes against each route's requests in flight tells each route's
 bytes per request (per unit of `cost`, where given). A route's weight is its bytes per request
-over the mean request's: the limit keeps counting typical requests, and a request takes as many
-of them as it holds memory.
+over the mean request's (the traffic's at the first fit; later fits move routes against each
+other and keep that scale): the limit keeps counting typical requests, and a request takes as
+many of them as it holds memory.
 
 Arithmetic on observations, the time passed in by the caller's order of events: the simulator
 replays it exactly.

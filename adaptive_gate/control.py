@@ -265,8 +265,8 @@ class AIMD(_Bounds):
     def units_changed(self) -> None:
         """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
         request. The knee's latencies were timed in the old slots, and the memory model's line was
-        drawn through readings counted in them; its estimates and the OOM levels carry over (the
-        weights keep the mean request at one slot)."""
+        drawn through readings counted in them; its estimates and the OOM levels carry over (a
+        change of weights keeps the scale: a slot holds the bytes it held)."""
         self.knee.forget()
         self.memory.units_changed()
 

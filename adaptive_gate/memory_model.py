@@ -169,8 +169,8 @@ class MemoryModel:
 
     def units_changed(self) -> None:
         """What one slot holds changed (routes got their weights): in-flight counts read before are
-        in other units, and a line across the change would be no line. The estimates stay: the
-        weights keep the mean request at one slot."""
+        in other units, and a line across the change would be no line. The estimates stay: a change
+        of weights keeps the scale, so a slot holds about the bytes it held."""
         self._recent.clear()
         self._since_shrink = 0
 
