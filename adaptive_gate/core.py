@@ -141,16 +141,11 @@ class GateCore(CoreAnswers):
         busy_area = limiter.take(units, now_s)
         if busy_area is None:
             return None
-        counters = self.counters
-        counters.admitted += 1
-        requests = units if self.route_weights is None else self.route_weights.requests(route, units)
-        self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if now_s == arrived_s:
             self.queue_wait_s.add_zero()
         else:
             self.queue_wait_s.add(now_s - arrived_s)
-        alone = limiter.in_flight == units
-        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, alone, units, route, requests)
+        return self._hold(now_s, busy_area, units, route)
 
     def weigh(self, route: object, units: float) -> float:
         """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
@@ -168,15 +163,20 @@ class GateCore(CoreAnswers):
 
     def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
+        self.queue_wait_s.add(waited_s)
+        return self._hold(now_s, self.limiter.busy_area(now_s), units, route)
+
+    def _hold(self, now_s: float, busy_area: float, units: float, route: object) -> Ticket:
+        """The ticket of a request holding its slots from `now_s` (the busy area then), counted, and
+        counted in flight for its route (`RouteWeights`) in requests, as it will be given back."""
         counters = self.counters
         counters.admitted += 1
-        self.queue_wait_s.add(waited_s)
-        requests = units if self.route_weights is None else self.route_weights.requests(route, units)
-        self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
-        limiter = self.limiter
-        alone = limiter.in_flight == units
-        epoch = self.controller.epoch
-        return Ticket(now_s, limiter.busy_area(now_s), epoch, counters.admitted, alone, units, route, requests)
+        weights = self.route_weights
+        requests = units if weights is None else weights.requests(route, units)
+        by_route = self.requests_by_route
+        by_route[route] = by_route.get(route, 0.0) + requests
+        alone = self.limiter.in_flight == units
+        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, alone, units, route, requests)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
