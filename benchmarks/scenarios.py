@@ -110,17 +110,7 @@ FULL_PLAN: dict[str, list[str]] = {
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
 }
-QUICK_PLAN: dict[str, list[str]] = {
-    "classic": ["1x", "4x"],
-    "neighbour": ["2x"],
-    "neighbour-greedy": ["2x"],
-    "growth": ["2x"],
-    "mixed": ["2x"],
-    "mixed-cost": ["2x"],
-    "mixed-routes": ["2x"],
-    "classic-crash": ["2x"],
-    "no-lifespan": ["closed-32"],
-}
+QUICK_PLAN: dict[str, list[str]] = FULL_PLAN | {"classic": ["1x", "4x"]}
 FULL_STATIC = [1, 2, 3, 4, 5, 6]
 QUICK_STATIC = [3, 4, 5]
 # Where the card changes under the service: adaptive must beat every static-N there.

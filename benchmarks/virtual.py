@@ -20,7 +20,7 @@ from adaptive_gate.simulation import Phase, SimulationResult, simulate
 from adaptive_gate.status import percentiles_ms
 
 from .harness import OOM_AFTER_FRACTION, GiB, Scenario
-from .scenarios import LOADS, SCENARIOS, oracle_limits
+from .scenarios import FULL_PLAN, LOADS, SCENARIOS, oracle_limits
 
 STATICS = [1, 2, 3, 4, 5, 6]
 DEADLINE_S = 5.0
@@ -120,14 +120,12 @@ def compare(name: str, load: str, duration_s: float, seed: int = 1) -> list[Row]
     return rows
 
 
+# The full plan's open loops, for the scenarios the simulator models (not a worker killed by an
+# OOM, not a service without a lifespan).
 PLAN = {
-    "classic": ["0.5x", "1x", "2x", "4x"],
-    "neighbour": ["2x"],
-    "neighbour-greedy": ["2x"],
-    "growth": ["2x"],
-    "mixed": ["2x"],
-    "mixed-cost": ["2x"],
-    "mixed-routes": ["2x"],
+    name: [load for load in loads if LOADS[load][0] is not None]
+    for name, loads in FULL_PLAN.items()
+    if not SCENARIOS[name].crash_on_oom and SCENARIOS[name].lifespan
 }
 
 
