@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._brakes import KneeBrake, KneeVerdict, OomHold
 from ._checks import check_fraction
+from ._oom_budget import OomBudget
 from .memory import MemorySample
 from .memory_model import MemoryModel
 
@@ -138,6 +139,12 @@ class AIMD(_Bounds):
       the readings show room for half a request more than at the OOM (at most `max_oom_hold_s`);
       where it is not, for `oom_hold_s`, doubled at each further OOM at N or more, up to
       `max_oom_hold_s=600.0`.
+    * `oom_budget=0.1`: where sizes vary and the gate cannot tell them apart, a level may run out of
+      memory now and then (the large ones pile up). A level whose OOMs, counted from its first one
+      over the last `knee_memory_s`, stay within this share of its requests (beyond chance) keeps
+      its OOMs without a cut or a hold; one above it is not grown into again while that evidence
+      lasts. A first OOM at a level always cuts: old successes prove nothing of the card now. 0:
+      every OOM cuts, as with one size.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class AIMD(_Bounds):
         knee_memory_s: float = 30.0,
         oom_hold_s: float = 30.0,
         max_oom_hold_s: float = 600.0,
+        oom_budget: float = 0.1,
     ) -> None:
         if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
             raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
@@ -170,6 +178,7 @@ class AIMD(_Bounds):
         self.memory = memory if memory is not None else MemoryModel()
         self.knee = KneeBrake(knee_gain=knee_gain, memory_s=knee_memory_s)
         self.oom_hold = OomHold(hold_s=oom_hold_s, max_hold_s=max_oom_hold_s)
+        self.oom_budget = OomBudget(budget=oom_budget, memory_s=knee_memory_s)
 
         self._aimd_limit = 1
         self._limit = 1
@@ -203,6 +212,7 @@ class AIMD(_Bounds):
 
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         self.knee.record(max(1, round(concurrency)), latency_s, now_s)
+        self.oom_budget.answered(concurrency, now_s)
         if not demand or self._over_watermark:
             return
         if self._aimd_limit > self._limit:
@@ -230,10 +240,16 @@ class AIMD(_Bounds):
         if verdict is KneeVerdict.WAIT:
             return
         grown = min(self.max_limit, self._aimd_limit + self.increase_step)
-        if self.oom_hold.bars(grown, now_s, self.memory.room()) or self.knee.bars(grown, now_s):
-            return  # this many ran out of memory, or bought nothing, lately
+        if self._barred(grown, now_s):
+            return
         self._aimd_limit = self._grown_to = grown
         self._update("slow start" if self._in_slow_start else "additive increase")
+
+    def _barred(self, level: int, now_s: float) -> bool:
+        """Whether `level` ran out of memory, or bought nothing, lately. An OOM's hold gives way
+        where the level has since run within the budget (a mix's level, not a change of the card)."""
+        held = self.oom_hold.bars(level, now_s, self.memory.room()) and not self.oom_budget.within(level, now_s)
+        return held or self.oom_budget.bars(level, now_s) or self.knee.bars(level, now_s)
 
     def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
         """An out-of-memory error while `in_flight` requests (the failed one included) ran; in units
@@ -241,6 +257,9 @@ class AIMD(_Bounds):
         self.ooms_seen += 1
         room = self.memory.room()
         ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
+        self.oom_budget.record(ran_out_at, now_s, oom=True)
+        if self.oom_budget.tolerates(ran_out_at, now_s):
+            return  # a pile-up of large requests, as often as the mix allows at this level: no change
         if epoch is not None and epoch < self._epoch:
             # Admitted under a limit already cut for this congestion event: no new cut. Where memory
             # is read (and the cut was one step), the limit still goes no higher than the requests
@@ -268,6 +287,7 @@ class AIMD(_Bounds):
         drawn through readings counted in them; its estimates and the OOM levels carry over (a
         change of weights keeps the scale: a slot holds the bytes it held)."""
         self.knee.forget()
+        self.oom_budget.forget()
         self.memory.units_changed()
 
     def describe(self) -> dict[str, Any]:

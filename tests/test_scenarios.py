@@ -284,10 +284,11 @@ def test_an_oom_from_a_neighbour_does_not_bar_its_level_after_it_left() -> None:
         # (the issue's target is 1; the README says so).
         ("growth", 0.90, 4),
         ("mixed-cost", 0.95, 0),
-        # Sizes it cannot tell apart: OOMs are a budget there, not a bound. The issue's target is
-        # 0.75 of a byte budget that knows each size; this release reaches about 0.64 (README):
-        # the guard here is against falling back to 0.1's 0.08.
-        ("mixed", 0.65, None),
+        # Sizes it cannot tell apart: OOMs are a budget there (`oom_budget`), not a bound. The
+        # issue's target is 0.75 of a byte budget that knows each size; the budget reaches about
+        # 0.72 (README; 0.64 before it, 0.08 in 0.1), the most any count of requests reaches short
+        # of one where 15% of them run out.
+        ("mixed", 0.70, None),
         # The same sizes, the large on a route of their own: told nothing, the gate learns each
         # route's weight from the readings (about 2 s; the OOMs come before it knows).
         ("mixed-routes", 0.95, 4),
@@ -303,3 +304,16 @@ def test_within_reach_of_an_oracle_that_knows_the_future(
     assert adaptive.goodput_per_s >= share_of_oracle * oracle.goodput_per_s, rows
     if max_ooms is not None:
         assert adaptive.ooms <= max_ooms, rows
+
+
+def test_mixed_sizes_run_out_within_the_oom_budget() -> None:
+    """The budget is a share of requests: the gate keeps a level of the mix through its pile-ups
+    (a quarter of the requests 4x the rest, nothing to tell which), and its OOMs stay within that
+    share of what it served."""
+    from benchmarks.virtual import compare
+
+    rows = {row.policy: row for row in compare("mixed", "2x", duration_s=60)}
+    adaptive = rows["adaptive"]
+    served = adaptive.goodput_per_s * 60
+    assert 0 < adaptive.ooms <= AIMD().oom_budget.budget * served, rows
+    assert adaptive.goodput_per_s > rows["static-4"].goodput_per_s, rows  # the level the mix allows, held
