@@ -87,6 +87,11 @@ class OomBudget:
         """Whether `level`, or one below it, ran out more often than the budget allows, lately."""
         return any(self._over(*self._count(at, now_s)) for at in list(self._outcomes) if at <= level)
 
+    def levels(self) -> dict[str, list[int]]:
+        """The levels counted now, as `{level: [requests, OOMs]}` from each one's first OOM on, for
+        the status (the window of a level not judged since may include expired ones)."""
+        return {str(level): [len(kept), sum(oom for _, oom in kept)] for level, kept in sorted(self._outcomes.items())}
+
     def forget(self) -> None:
         """What a level means changed (the gate weighs its routes anew): its counts mean nothing."""
         self._outcomes.clear()

@@ -300,6 +300,7 @@ class AIMD(_Bounds):
             "epoch": self._epoch,
             "over_watermark": self._over_watermark,
             "oom_ceiling": self.oom_hold.ceiling,
+            "oom_budget": {"budget": self.oom_budget.budget, "levels": self.oom_budget.levels()},
             "memory_model": None
             if est is None
             else {

@@ -128,6 +128,8 @@ def test_aimd_keeps_a_mix_level_through_its_pile_ups_and_gives_up_one_over_budge
     c.on_oom(now_s=3.5, epoch=c.epoch, in_flight=4)  # 2 in 26 at 4: the mix's, within the budget
     assert (c.limit, c.epoch) == (4, epoch)
     assert c.oom_budget.tolerates(4, 3.5)
+    requests, ooms = c.describe()["oom_budget"]["levels"]["4"]  # the status shows it
+    assert ooms == 2 and requests >= MIN_OUTCOMES
     for i in range(6):  # then one in two (all admitted at 4): over the budget
         c.on_oom(now_s=4.0 + i, epoch=epoch, in_flight=4)
         c.on_success(now_s=4.0 + i, latency_s=0.1, concurrency=4, demand=True)
