@@ -9,22 +9,39 @@ the time; growing back after each OOM pays one at every level the mix does not a
 OOMs among a level's requests tells the two apart: a level within `budget` keeps its OOMs without a
 cut or a hold, and one over it is not grown into while the evidence lasts (`memory_s`).
 
-A change of the card must not hide behind old successes: a level's requests count from its first
-OOM on (in the window), so that OOM always cuts, as it would with one size, and the level earns its
-budget only by running again, through the hold, among enough requests.
+A change of the card must not hide behind old successes:
+
+* a level's requests count from its first OOM in the window on, so that OOM always cuts, as it would
+  with one size, and the level earns its budget only by running again, through the hold, among
+  enough requests;
+* an OOM is kept only while the level's last `MIN_OUTCOMES` requests are within the budget too, so a
+  change that makes every request at the level run out is cut at its second or third OOM there,
+  however long the level ran well before;
+* and only while the readings show the card no tighter than at the level's first OOM (the caller
+  passes the room, in requests): a neighbour that the readings show is a change, not the mix.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
 __all__ = ["MIN_OUTCOMES", "OomBudget"]
 
-# Requests a level must have run since its first OOM before its rate means anything: a few dozen is
-# all the evidence a level gets before it must be judged (half a second at 50 requests/s).
+# Requests a level must have run since its first OOM before its rate means anything, and the
+# recent stretch that must be within the budget too: a few dozen is all the evidence a level gets
+# before it must be judged (half a second at 50 requests/s).
 MIN_OUTCOMES = 24
 WINDOW = 200  # the most recent outcomes kept per level
+ROOM_MARGIN = 0.5  # requests: a card tighter than this against the level's first OOM has changed
+
+
+@dataclass
+class _Level:
+    first_oom_s: float
+    room: float | None  # the room (in requests) at the first OOM, as the readings told
+    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
 
 class OomBudget:
@@ -36,62 +53,92 @@ class OomBudget:
             raise ValueError(f"oom_budget must be a share of requests in [0, 1), got {budget!r}")
         self.budget = float(budget)
         self.memory_s = float(memory_s)
-        self._outcomes: dict[int, deque[tuple[float, bool]]] = {}  # level -> (when, ran out)
+        self._levels: dict[int, _Level] = {}
 
     def answered(self, concurrency: float, now_s: float) -> None:
         """A request answered after running beside `concurrency` requests on average (itself
         included): counted at the level it ran at, as an OOM is (the most in flight beside it,
         about). On every answer: nothing to do until a level has run out."""
-        if self._outcomes:
-            self.record(max(1, math.ceil(concurrency - 0.1)), now_s, oom=False)
+        if self._levels:
+            level = self._levels.get(max(1, math.ceil(concurrency - 0.1)))
+            if level is not None:
+                level.outcomes.append((now_s, False))
 
-    def record(self, level: int, now_s: float, *, oom: bool) -> None:
+    def ran_out(self, level: int, now_s: float, room: float | None) -> bool:
+        """An OOM with `level` requests in flight, when the readings gave `room` (None: not read).
+        True where it is the mix's, within the budget: no cut, no hold."""
         if self.budget <= 0:
-            return  # every OOM cuts: nothing to count
-        outcomes = self._outcomes.get(level)
-        if outcomes is None:
-            if not oom:
-                return  # a level's count starts at its first OOM
-            outcomes = self._outcomes[level] = deque(maxlen=WINDOW)
-        outcomes.append((now_s, oom))
+            return False  # every OOM cuts: nothing to count
+        counted = self._levels.get(level)
+        if counted is None or self._expire(level, now_s) is None:
+            self._levels[level] = _Level(now_s, room)
+            self._levels[level].outcomes.append((now_s, True))
+            return False  # the first at its level lately: a change of the card until proven otherwise
+        counted.outcomes.append((now_s, True))
+        if room is not None and counted.room is not None and room < counted.room - ROOM_MARGIN:
+            return False  # the readings show the card tighter than at the first: a change
+        return self.within(level, now_s)
+
+    def _expire(self, level: int, now_s: float) -> _Level | None:
+        """The level's count, with what is older than `memory_s` gone; from its first OOM still
+        within it on (None, and dropped, when none is)."""
+        counted = self._levels.get(level)
+        if counted is None:
+            return None
+        outcomes, horizon_s = counted.outcomes, now_s - self.memory_s
+        while outcomes and outcomes[0][0] < horizon_s:
+            outcomes.popleft()
+        if counted.first_oom_s < horizon_s:
+            # The first OOM expired: the count starts again at the next one still kept, if any.
+            while outcomes and not outcomes[0][1]:
+                outcomes.popleft()
+            if not outcomes:
+                del self._levels[level]
+                return None
+            counted.first_oom_s = outcomes[0][0]
+        return counted
 
     def _count(self, level: int, now_s: float) -> tuple[int, int]:
-        """(requests, OOMs) at `level` from its first OOM within the last `memory_s` on."""
-        outcomes = self._outcomes.get(level)
-        while outcomes and (outcomes[0][0] < now_s - self.memory_s or not outcomes[0][1]):
-            outcomes.popleft()
-        if not outcomes:
-            self._outcomes.pop(level, None)
+        """(requests, OOMs) at `level` since its first OOM within the last `memory_s`."""
+        counted = self._expire(level, now_s)
+        if counted is None:
             return 0, 0
-        return len(outcomes), sum(oom for _, oom in outcomes)
+        return len(counted.outcomes), sum(oom for _, oom in counted.outcomes)
 
     def _over(self, requests: int, ooms: int) -> bool:
-        """More OOMs than the budget allows, beyond chance: at the budget's rate a level's count
-        strays by about the square root of what is expected (Poisson)."""
-        expected = self.budget * max(requests, MIN_OUTCOMES)
-        return ooms >= 2 and ooms > expected + math.sqrt(expected)
+        """More OOMs than the budget allows. The count starts at an OOM, which says nothing of the
+        rate (a level is counted because it ran out): the rate is the OOMs after it among the
+        requests after it."""
+        return ooms >= 2 and ooms - 1 > self.budget * max(requests - 1, MIN_OUTCOMES - 1)
 
     def within(self, level: int, now_s: float) -> bool:
-        """Whether `level` has run among enough requests since its first OOM, within the budget: a
-        level of the mix, which its OOMs must not bar."""
+        """Whether `level` has run among enough requests since its first OOM within the budget, and
+        its last `MIN_OUTCOMES` too: a level of the mix, whose OOMs are kept and whose hold gives
+        way. A change that makes every request there run out fails the second at its third OOM."""
         requests, ooms = self._count(level, now_s)
-        return requests >= MIN_OUTCOMES and not self._over(requests, ooms)
-
-    def tolerates(self, level: int, now_s: float) -> bool:
-        """Whether an OOM just recorded at `level` is the mix's, within the budget there (and not the
-        level's first: that one is a change of the card until proven otherwise)."""
-        requests, ooms = self._count(level, now_s)
-        return ooms >= 2 and requests >= MIN_OUTCOMES and not self._over(requests, ooms)
+        if requests < MIN_OUTCOMES or self._over(requests, ooms):
+            return False
+        recent = list(self._levels[level].outcomes)[-MIN_OUTCOMES:]
+        return sum(oom for _, oom in recent) <= max(2, self.budget * MIN_OUTCOMES)
 
     def bars(self, level: int, now_s: float) -> bool:
-        """Whether `level`, or one below it, ran out more often than the budget allows, lately."""
-        return any(self._over(*self._count(at, now_s)) for at in list(self._outcomes) if at <= level)
+        """Whether `level`, or one below it, ran out more often than the budget allows among enough
+        requests, lately. (Fewer requests prove nothing: OOMs at the lowest limit, where growth
+        never counted a success, leave the OOM hold to judge.)"""
+        for at in [at for at in self._levels if at <= level]:
+            requests, ooms = self._count(at, now_s)
+            if requests >= MIN_OUTCOMES and self._over(requests, ooms):
+                return True
+        return False
 
     def levels(self) -> dict[str, list[int]]:
         """The levels counted now, as `{level: [requests, OOMs]}` from each one's first OOM on, for
-        the status (the window of a level not judged since may include expired ones)."""
-        return {str(level): [len(kept), sum(oom for _, oom in kept)] for level, kept in sorted(self._outcomes.items())}
+        the status (a level not judged since may still hold expired ones)."""
+        return {
+            str(at): [len(counted.outcomes), sum(oom for _, oom in counted.outcomes)]
+            for at, counted in sorted(self._levels.items())
+        }
 
     def forget(self) -> None:
         """What a level means changed (the gate weighs its routes anew): its counts mean nothing."""
-        self._outcomes.clear()
+        self._levels.clear()

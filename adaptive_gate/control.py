@@ -140,11 +140,12 @@ class AIMD(_Bounds):
       where it is not, for `oom_hold_s`, doubled at each further OOM at N or more, up to
       `max_oom_hold_s=600.0`.
     * `oom_budget=0.1`: where sizes vary and the gate cannot tell them apart, a level may run out of
-      memory now and then (the large ones pile up). A level whose OOMs, counted from its first one
-      over the last `knee_memory_s`, stay within this share of its requests (beyond chance) keeps
-      its OOMs without a cut or a hold; one above it is not grown into again while that evidence
-      lasts. A first OOM at a level always cuts: old successes prove nothing of the card now. 0:
-      every OOM cuts, as with one size.
+      memory now and then (the large ones pile up). A level whose OOMs after its first one (over
+      the last `knee_memory_s`) stay within this share of its requests, over at least 24 and over
+      its last 24 too, keeps its OOMs without a cut, and its hold gives way; one over it is not
+      grown into while that evidence lasts. A first OOM at a level always cuts (old successes
+      prove nothing of the card now), and so does one with the card read tighter than at the
+      first. 0: every OOM cuts, as with one size (`_oom_budget`).
     """
 
     def __init__(
@@ -247,9 +248,13 @@ class AIMD(_Bounds):
 
     def _barred(self, level: int, now_s: float) -> bool:
         """Whether `level` ran out of memory, or bought nothing, lately. An OOM's hold gives way
-        where the level has since run within the budget (a mix's level, not a change of the card)."""
-        held = self.oom_hold.bars(level, now_s, self.memory.room()) and not self.oom_budget.within(level, now_s)
-        return held or self.oom_budget.bars(level, now_s) or self.knee.bars(level, now_s)
+        where every level grown through has since run within the budget (a mix's levels, not a
+        change of the card)."""
+        budget = self.oom_budget
+        held = self.oom_hold.bars(level, now_s, self.memory.room()) and not all(
+            budget.within(through, now_s) for through in range(self._aimd_limit + 1, level + 1)
+        )
+        return held or budget.bars(level, now_s) or self.knee.bars(level, now_s)
 
     def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
         """An out-of-memory error while `in_flight` requests (the failed one included) ran; in units
@@ -257,8 +262,7 @@ class AIMD(_Bounds):
         self.ooms_seen += 1
         room = self.memory.room()
         ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
-        self.oom_budget.record(ran_out_at, now_s, oom=True)
-        if self.oom_budget.tolerates(ran_out_at, now_s):
+        if self.oom_budget.ran_out(max(1, math.ceil(in_flight)), now_s, room):
             return  # a pile-up of large requests, as often as the mix allows at this level: no change
         if epoch is not None and epoch < self._epoch:
             # Admitted under a limit already cut for this congestion event: no new cut. Where memory
