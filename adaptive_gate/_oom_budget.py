@@ -14,9 +14,9 @@ A change of the card must not hide behind old successes:
 * a level's requests count from its first OOM in the window on, so that OOM always cuts, as it would
   with one size, and the level earns its budget only by running again, through the hold, among
   enough requests;
-* an OOM is kept only while the level's last `MIN_OUTCOMES` requests are within the budget too, so a
-  change that makes every request at the level run out is cut at its second or third OOM there,
-  however long the level ran well before;
+* an OOM is kept only while the level's last `MIN_OUTCOMES` requests are within the budget too (two
+  OOMs among them at most), so a change that makes every request at the level run out is cut at its
+  third OOM there at the latest, however long the level ran well before;
 * and only while the readings show the card no tighter than at the level's first OOM (the caller
   passes the room, in requests): a neighbour that the readings show is a change, not the mix.
 """
