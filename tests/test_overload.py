@@ -393,3 +393,16 @@ async def test_a_waiter_from_before_the_queue_stood_is_answered_after_its_patien
     with anyio.fail_after(5):  # without the fix it waits its whole 30 s
         outcome = await wait_in_line(core, waiter, Body(never_disconnects), 30.0)
     assert outcome == "deadline" and core.limiter.queued == 0 and core.limiter.in_flight == 1
+
+
+def test_the_overload_plot_is_drawn_from_virtual_time_and_http_documents(tmp_path: Any) -> None:
+    """`python -m benchmarks.overload_plot`, as the README's picture is made: the freshness curves
+    on virtual time, and the HTTP goodput bars from `benchmarks.http_demo` documents."""
+    from benchmarks.overload_plot import latencies_ms, plot
+
+    assert latencies_ms(2, "lifo", 5, 1)[-1] < latencies_ms(2, "off", 5, 1)[-1]  # what the curves show
+    run = {"goodput_per_s": 20.0, "gave_up": 3}
+    document = {"rate_per_s": 50.0, "duration_s": 60.0, "runs": {"classic": {"none": run, "adaptive": run}}}
+    path = tmp_path / "overload.png"
+    plot([document, document], path, duration_s=5, seed=1)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
