@@ -14,9 +14,10 @@ A change of the card must not hide behind old successes:
 * a level's requests count from its first OOM in the window on, so that OOM always cuts, as it would
   with one size, and the level earns its budget only by running again, through the hold, among
   enough requests;
-* an OOM is kept only while the level's last `MIN_OUTCOMES` requests are within the budget too (two
-  OOMs among them at most), so a change that makes every request at the level run out is cut at its
-  third OOM there at the latest, however long the level ran well before;
+* an OOM is kept only while the level's last `MIN_OUTCOMES` requests hold two OOMs at most (this
+  one included: one in twelve, whatever the budget), so a change that makes every request at the
+  level run out is cut at its third OOM there at the latest, however long the level ran well
+  before;
 * and only while the readings show the card no tighter than at the level's first OOM (the caller
   passes the room, in requests): a neighbour that the readings show is a change, not the mix.
 """
@@ -35,13 +36,15 @@ __all__ = ["MIN_OUTCOMES", "OomBudget"]
 MIN_OUTCOMES = 24
 WINDOW = 200  # the most recent outcomes kept per level
 ROOM_MARGIN = 0.5  # requests: a card tighter than this against the level's first OOM has changed
+RECENT_OOMS = 2  # the most OOMs among a level's last MIN_OUTCOMES requests for one to be kept
 
 
 @dataclass
 class _Level:
     first_oom_s: float
     room: float | None  # the room (in requests) at the first OOM, as the readings told
-    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # (when, ran out, the room then where it ran out and the readings told it)
+    outcomes: deque[tuple[float, bool, float | None]] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
 
 class OomBudget:
@@ -62,7 +65,7 @@ class OomBudget:
         if self._levels:
             level = self._levels.get(max(1, math.ceil(concurrency - 0.1)))
             if level is not None:
-                level.outcomes.append((now_s, False))
+                level.outcomes.append((now_s, False, None))
 
     def ran_out(self, level: int, now_s: float, room: float | None) -> bool:
         """An OOM with `level` requests in flight, when the readings gave `room` (None: not read).
@@ -72,9 +75,11 @@ class OomBudget:
         counted = self._levels.get(level)
         if counted is None or self._expire(level, now_s) is None:
             self._levels[level] = _Level(now_s, room)
-            self._levels[level].outcomes.append((now_s, True))
+            self._levels[level].outcomes.append((now_s, True, room))
             return False  # the first at its level lately: a change of the card until proven otherwise
-        counted.outcomes.append((now_s, True))
+        counted.outcomes.append((now_s, True, room))
+        if counted.room is None:
+            counted.room = room  # the first OOM came before the readings could tell: this one's
         if room is not None and counted.room is not None and room < counted.room - ROOM_MARGIN:
             return False  # the readings show the card tighter than at the first: a change
         return self.within(level, now_s)
@@ -95,7 +100,7 @@ class OomBudget:
             if not outcomes:
                 del self._levels[level]
                 return None
-            counted.first_oom_s = outcomes[0][0]
+            counted.first_oom_s, _, counted.room = outcomes[0]
         return counted
 
     def _count(self, level: int, now_s: float) -> tuple[int, int]:
@@ -103,7 +108,7 @@ class OomBudget:
         counted = self._expire(level, now_s)
         if counted is None:
             return 0, 0
-        return len(counted.outcomes), sum(oom for _, oom in counted.outcomes)
+        return len(counted.outcomes), sum(outcome[1] for outcome in counted.outcomes)
 
     def _over(self, requests: int, ooms: int) -> bool:
         """More OOMs than the budget allows. The count starts at an OOM, which says nothing of the
@@ -112,30 +117,35 @@ class OomBudget:
         return ooms >= 2 and ooms - 1 > self.budget * max(requests - 1, MIN_OUTCOMES - 1)
 
     def within(self, level: int, now_s: float) -> bool:
-        """Whether `level` has run among enough requests since its first OOM within the budget, and
-        its last `MIN_OUTCOMES` too: a level of the mix, whose OOMs are kept and whose hold gives
-        way. A change that makes every request there run out fails the second at its third OOM."""
+        """Whether `level` has run among enough requests since its first OOM within the budget, with
+        at most `RECENT_OOMS` among its last `MIN_OUTCOMES`: a level of the mix, whose OOMs are kept
+        and whose hold gives way. A change that makes every request there run out fails the second
+        test at its third OOM."""
         requests, ooms = self._count(level, now_s)
         if requests < MIN_OUTCOMES or self._over(requests, ooms):
             return False
         recent = list(self._levels[level].outcomes)[-MIN_OUTCOMES:]
-        return sum(oom for _, oom in recent) <= max(2, self.budget * MIN_OUTCOMES)
+        return sum(outcome[1] for outcome in recent) <= RECENT_OOMS
 
-    def bars(self, level: int, now_s: float) -> bool:
+    def bars(self, level: int, now_s: float, room: float | None = None) -> bool:
         """Whether `level`, or one below it, ran out more often than the budget allows among enough
-        requests, lately. (Fewer requests prove nothing: OOMs at the lowest limit, where growth
-        never counted a success, leave the OOM hold to judge.)"""
+        requests, lately, on a card no roomier than then: where the readings give `room` for half a
+        request more than at that level's first OOM (a neighbour left), it may be tried again, as
+        the OOM hold's levels may. (Fewer requests prove nothing: OOMs at the lowest limit, where
+        growth never counted a success, leave the hold to judge.)"""
         for at in [at for at in self._levels if at <= level]:
             requests, ooms = self._count(at, now_s)
             if requests >= MIN_OUTCOMES and self._over(requests, ooms):
-                return True
+                room_then = self._levels[at].room
+                if room is None or room_then is None or room < room_then + ROOM_MARGIN:
+                    return True
         return False
 
     def levels(self) -> dict[str, list[int]]:
         """The levels counted now, as `{level: [requests, OOMs]}` from each one's first OOM on, for
         the status (a level not judged since may still hold expired ones)."""
         return {
-            str(at): [len(counted.outcomes), sum(oom for _, oom in counted.outcomes)]
+            str(at): [len(counted.outcomes), sum(outcome[1] for outcome in counted.outcomes)]
             for at, counted in sorted(self._levels.items())
         }
 

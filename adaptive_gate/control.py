@@ -22,6 +22,7 @@ hold and the latency brake are small pieces of their own (`_brakes`) that AIMD c
 from __future__ import annotations
 
 import math
+from functools import partialmethod
 from typing import Any, Protocol, runtime_checkable
 
 from ._brakes import KneeBrake, KneeVerdict, OomHold
@@ -139,13 +140,10 @@ class AIMD(_Bounds):
       the readings show room for half a request more than at the OOM (at most `max_oom_hold_s`);
       where it is not, for `oom_hold_s`, doubled at each further OOM at N or more, up to
       `max_oom_hold_s=600.0`.
-    * `oom_budget=0.1`: where sizes vary and the gate cannot tell them apart, a level may run out of
-      memory now and then (the large ones pile up). A level whose OOMs after its first one (over
-      the last `knee_memory_s`) stay within this share of its requests, over at least 24 and over
-      its last 24 too, keeps its OOMs without a cut, and its hold gives way; one over it is not
-      grown into while that evidence lasts. A first OOM at a level always cuts (old successes
-      prove nothing of the card now), and so does one with the card read tighter than at the
-      first. 0: every OOM cuts, as with one size (`_oom_budget`).
+    * `oom_budget=0.1`: where sizes vary and the gate cannot tell them apart, a level whose OOMs
+      after its first one stay within this share of its requests keeps them without a cut, and
+      one over it is not grown into (`_oom_budget` says how a change of the card is told from the
+      mix). A first OOM at a level always cuts. 0: every OOM cuts, as with one size.
     """
 
     def __init__(
@@ -250,19 +248,20 @@ class AIMD(_Bounds):
         """Whether `level` ran out of memory, or bought nothing, lately. An OOM's hold gives way
         where every level grown through has since run within the budget (a mix's levels, not a
         change of the card)."""
-        budget = self.oom_budget
-        held = self.oom_hold.bars(level, now_s, self.memory.room()) and not all(
+        budget, room = self.oom_budget, self.memory.room()
+        held = self.oom_hold.bars(level, now_s, room) and not all(
             budget.within(through, now_s) for through in range(self._aimd_limit + 1, level + 1)
         )
-        return held or budget.bars(level, now_s) or self.knee.bars(level, now_s)
+        return held or budget.bars(level, now_s, room) or self.knee.bars(level, now_s)
 
-    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
-        """An out-of-memory error while `in_flight` requests (the failed one included) ran; in units
-        of cost where the gate has a `cost`."""
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float, placed: bool = True) -> None:
+        """An OOM while `in_flight` requests (the failed one included; units of `cost`) ran. Not
+        `placed` (`on_swallowed_oom`: the app's own, seen in the probe's count, beside how many
+        unknown): they cut as one, and are never kept for the budget."""
         self.ooms_seen += 1
         room = self.memory.room()
         ran_out_at = max(self.min_limit + 1, math.ceil(in_flight))
-        if self.oom_budget.ran_out(max(1, math.ceil(in_flight)), now_s, room):
+        if placed and self.oom_budget.ran_out(max(1, math.ceil(in_flight)), now_s, room):
             return  # a pile-up of large requests, as often as the mix allows at this level: no change
         if epoch is not None and epoch < self._epoch:
             # Admitted under a limit already cut for this congestion event: no new cut. Where memory
@@ -274,6 +273,8 @@ class AIMD(_Bounds):
             return
         self.oom_hold.record(now_s, ran_out_at, room)
         self._cut(self.oom_backoff if room is None else 1.0, "out of memory", ran_out_at=ran_out_at)
+
+    on_swallowed_oom = partialmethod(on_oom, placed=False)  # optional in the protocol (`GateCore.sample`)
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)

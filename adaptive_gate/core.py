@@ -38,7 +38,6 @@ __all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "units_of_cost"]
 
 ADMITTED = "admitted"
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-MAX_SWALLOWED_TOLD = 64  # OOMs the probe counted between two readings that the controller hears one by one
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -288,10 +287,11 @@ class GateCore(CoreAnswers):
         swallowed = self._swallowed.reading(sample.oom_count, now_s)
         if swallowed > 0:
             self._count_ooms(swallowed, now_s)
-            # Each told (a controller that counts OOMs per request must see them all), all under the
-            # epoch of the previous sample, so the cut is made at most once for them.
-            for _ in range(min(swallowed, MAX_SWALLOWED_TOLD)):
-                self.controller.on_oom(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
+            # Cut at most once for what happened since the previous sample: how many struck beside
+            # how many is not known, so a controller that counts OOMs per level is told so.
+            controller = self.controller
+            told = getattr(controller, "on_swallowed_oom", controller.on_oom)  # optional in the protocol
+            told(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
         self._probe_oom_epoch = self.controller.epoch
 
     def _count_ooms(self, ooms: int, now_s: float) -> None:

@@ -4,12 +4,13 @@ successes, and a level over budget is not grown into (issue 11: mixed sizes with
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_gate import AIMD, MemorySample
+from adaptive_gate import AIMD, Fixed, MemorySample
 from adaptive_gate._oom_budget import MIN_OUTCOMES, WINDOW, OomBudget
 from adaptive_gate.core import GateCore, Outcome
 
@@ -48,6 +49,39 @@ def test_a_change_after_a_long_good_stretch_is_cut_at_its_third_oom_at_most() ->
     while budget.ran_out(4, 2.0, None):  # from now on every request at 4 runs out
         kept += 1
     assert kept <= 2
+
+
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
+def test_whatever_the_budget_a_change_is_cut_at_its_third_oom(share: float) -> None:
+    """Found in review: the recent test allowed `budget * 24` OOMs, so a budget of 0.9 kept 21."""
+    budget = OomBudget(budget=share, memory_s=30)
+    budget.ran_out(4, 0.0, None)
+    run_at(budget, 4, 1.0, answered=150)
+    kept = 0
+    while budget.ran_out(4, 2.0, None):
+        kept += 1
+    assert kept <= 2
+
+
+def test_the_room_to_compare_with_is_the_first_the_readings_told() -> None:
+    """Found in review: a first OOM before the readings could tell the room (None) turned the room
+    test off for as long as the level kept running out."""
+    budget = OomBudget(budget=0.1, memory_s=30)
+    budget.ran_out(4, 0.0, None)  # the model still learning
+    run_at(budget, 4, 0.5, answered=MIN_OUTCOMES)
+    assert budget.ran_out(4, 1.0, 5.0)  # the mix's; now the room is known: 5 requests
+    run_at(budget, 4, 1.5, answered=MIN_OUTCOMES)
+    assert not budget.ran_out(4, 2.0, 3.0)  # two requests' room gone: a change
+
+
+def test_a_level_over_the_budget_may_be_tried_again_once_the_card_is_roomier() -> None:
+    """Found in review: 24 OOMs at the lowest limit beside a neighbour barred every level above for
+    30 s after it left, whatever the readings said; the OOM hold gives way there, so must this."""
+    budget = OomBudget(budget=0.1, memory_s=30)
+    for i in range(MIN_OUTCOMES):
+        budget.ran_out(4, 0.1 * i, 2.0)
+    assert budget.bars(5, 3.0, 2.0) and budget.bars(5, 3.0, None)
+    assert not budget.bars(5, 3.0, 2.6)  # half a request roomier: the neighbour left
 
 
 def test_a_card_the_readings_show_tighter_is_a_change_not_the_mix() -> None:
@@ -164,11 +198,9 @@ def test_aimd_keeps_a_mix_level_through_its_pile_ups_and_gives_up_one_over_budge
         c.on_oom(now_s=4.0 + i, epoch=epoch, in_flight=4)
         c.on_success(now_s=4.0 + i, latency_s=0.1, concurrency=4, demand=True)
     assert c.limit == 3
-    for i in range(3):  # however roomy the readings, 4 is not grown into while the evidence lasts
-        c.on_sample(now_s=9.0 + 0.1 * i, sample=MemorySample(11 * GiB, TOTAL), in_flight=3)
-    for _ in range(50):
+    for _ in range(50):  # on a card as it was, 4 is not grown into while the evidence lasts
         c.on_success(now_s=9.5, latency_s=0.1, concurrency=c.limit, demand=True)
-    assert c.limit == 3
+    assert c.limit == 3 and not c.oom_budget.within(4, 9.5) and c.oom_budget.bars(4, 9.5)
 
 
 def test_a_hold_gives_way_only_where_every_level_grown_through_ran_within_the_budget() -> None:
@@ -211,17 +243,16 @@ def test_ooms_at_the_lowest_limit_do_not_bar_the_levels_above_once_the_card_is_r
     assert c.limit == 5  # at once, not 30 s later
 
 
-def test_every_oom_the_application_swallowed_is_told_to_the_controller() -> None:
-    """Found in review: OOMs the app catches (and retries, answering 200) show only in the probe's
-    count, and the core told the controller one per reading, however many: a level where every
-    request ran out once read as 1 OOM in 16 requests, within the budget, and was kept for good."""
+def swallowing_core(controller: Any, readings: int) -> tuple[GateCore, list[int]]:
+    """Rounds of requests at the limit, each of which ran out once and was retried (a 200): the
+    OOMs show only in the probe's count, read every 0.1 s."""
     now = [0.0]
-    core = GateCore(AIMD(knee_gain=0), min_limit=1, max_limit=8, initial_limit=8, max_queue=8,
+    core = GateCore(controller, min_limit=1, max_limit=8, initial_limit=8, max_queue=8,
                     max_retry_after_s=60, clock=lambda: now[0])  # fmt: skip
     count = 0
     core.sample(MemorySample(8 * GiB, TOTAL, oom_count=count), now[0])
     limits = []
-    for step in range(1, 40):  # 4 s: each 0.1 s, a round of requests, each of which ran out once
+    for step in range(1, readings + 1):
         tickets = []
         while (ticket := core.enter(30.0, 1, None, now[0], now[0])) is not None:
             tickets.append(ticket)
@@ -231,7 +262,34 @@ def test_every_oom_the_application_swallowed_is_told_to_the_controller() -> None
         count += len(tickets)
         core.sample(MemorySample(8 * GiB + len(tickets) * GiB, TOTAL, oom_count=count), now[0])
         limits.append(core.limiter.limit)
-    controller = core.controller
-    assert isinstance(controller, AIMD)
-    assert controller.ooms_seen == core.counters.ooms > 30  # each one told, past the grace
-    assert max(limits[-10:]) < 8  # one request in two runs out there: far over the budget
+    return core, limits
+
+
+def test_ooms_the_application_swallowed_are_never_kept_for_the_budget() -> None:
+    """Found in review: they reach the controller once per reading, however many struck (the probe
+    counts them, not where), so a level where every request ran out once read as 1 OOM in 16: within
+    the budget, kept for good. They cut as before the budget, once per reading."""
+    core, limits = swallowing_core(AIMD(knee_gain=0), readings=40)
+    assert core.counters.ooms > 30 and core.controller.epoch >= 10  # past the grace, a cut a reading
+    assert max(limits[-10:]) <= 2
+    assert AIMD(knee_gain=0).oom_budget.budget > 0  # with the default budget on
+
+
+class Halving(Fixed):
+    """A controller of the user's own that halves on every OOM it is told of, and knows no
+    `on_swallowed_oom`: it is told once per reading, as before the budget."""
+
+    def __init__(self) -> None:
+        super().__init__(8)
+        self.told = 0
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
+        self.told += 1
+        self._limit = max(1, self._limit // 2)
+
+
+def test_a_controller_without_the_hook_is_told_once_per_reading() -> None:
+    controller = Halving()
+    core, _ = swallowing_core(controller, readings=15)  # the grace passes at 1 s: then five readings
+    assert core.counters.ooms > controller.told > 0
+    assert controller.told <= 5
