@@ -36,7 +36,8 @@ __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
 
 @runtime_checkable
 class Controller(Protocol):
-    """What the gate needs from a controller. `epoch` counts the cuts made so far."""
+    """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
+    where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`)."""
 
     @property
     def limit(self) -> int: ...
@@ -140,10 +141,9 @@ class AIMD(_Bounds):
       the readings show room for half a request more than at the OOM (at most `max_oom_hold_s`);
       where it is not, for `oom_hold_s`, doubled at each further OOM at N or more, up to
       `max_oom_hold_s=600.0`.
-    * `oom_budget=0.1`: where sizes vary and the gate cannot tell them apart, a level whose OOMs
-      after its first one stay within this share of its requests keeps them without a cut, and
-      one over it is not grown into (`_oom_budget` says how a change of the card is told from the
-      mix). A first OOM at a level always cuts. 0: every OOM cuts, as with one size.
+    * `oom_budget=0.1`: for sizes it cannot tell apart, a level whose OOMs after its first stay
+      within this share of its requests keeps them uncut; one over it is not grown into (`_oom_budget`:
+      how a change of the card is told from the mix). 0: every OOM cuts, as with one size.
     """
 
     def __init__(
