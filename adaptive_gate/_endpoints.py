@@ -104,10 +104,6 @@ class Endpoints:
         """path -> the name of the endpoint served there."""
         return self._by_path
 
-    def find(self, path: str) -> str | None:
-        """Which of the gate's endpoints a request to `path` (as the router sees it) is for, if any."""
-        return self._by_path.get(path)
-
     def _authorised(self, scope: Scope) -> bool | None:
         """True with the right token, False with a wrong one, None with none at all."""
         assert self._token is not None
