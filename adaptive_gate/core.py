@@ -172,9 +172,10 @@ class GateCore(CoreAnswers):
         counters = self.counters
         counters.admitted += 1
         weights = self.route_weights
-        requests = units if weights is None else weights.requests(route, units)
-        by_route = self.requests_by_route
-        by_route[route] = by_route.get(route, 0.0) + requests
+        requests = units
+        if weights is not None:  # only a controller that learns memory weighs routes, from these
+            requests = weights.requests(route, units)
+            self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         alone = self.limiter.in_flight == units
         return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, alone, units, route, requests)
 
@@ -185,9 +186,9 @@ class GateCore(CoreAnswers):
         ticket.released = True
         limiter = self.limiter
         in_flight = limiter.in_flight
-        busy_area = limiter.busy_area(now_s)
-        limiter.release(ticket.units)
-        self.requests_by_route[ticket.route] -= ticket.requests
+        busy_area = limiter.release(ticket.units, now_s)
+        if self.route_weights is not None:
+            self.requests_by_route[ticket.route] -= ticket.requests
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1

@@ -170,17 +170,21 @@ class Limiter:
         if self._waiters.remove(waiter):
             waiter._refuse(reason)
 
-    def release(self, units: float = 1) -> None:
+    def release(self, units: float = 1, now_s: float | None = None) -> float:
+        """Give `units` slots back at `now_s` (by default the clock's now, as the caller may have read
+        it already); the busy area until then, as `busy_area(now_s)` would give."""
         in_flight = self._in_flight
         if in_flight < units:
             raise RuntimeError("release() called for more slots than were acquired")
         # _set_in_flight, written out: this is every request's path
-        now_s = self._clock()
-        self._busy_area += in_flight * (now_s - self._busy_since_s)
+        if now_s is None:
+            now_s = self._clock()
+        busy_area = self._busy_area = self._busy_area + in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
         self._in_flight = in_flight - units
         if self._waiters:
             self._hand_over()
+        return busy_area
 
     def reconsider(self) -> None:
         """Time passed with nobody arriving or leaving: the line's order may have changed (newest
