@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 __all__ = ["MIN_OUTCOMES", "OomBudget"]
 
@@ -45,6 +46,17 @@ class _Level:
     room: float | None  # the room (in requests) at the first OOM, as the readings told
     # (when, ran out, the room then where it ran out and the readings told it)
     outcomes: deque[tuple[float, bool, float | None]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    ooms: int = 0  # among `outcomes`, kept as they come and go: every end of a window asks
+
+    def add(self, now_s: float, oom: bool, room: float | None) -> None:
+        outcomes = self.outcomes
+        if len(outcomes) == WINDOW:
+            self.ooms -= outcomes[0][1]  # the oldest falls out as this one comes in
+        outcomes.append((now_s, oom, room))
+        self.ooms += oom
+
+    def drop_oldest(self) -> None:
+        self.ooms -= self.outcomes.popleft()[1]
 
 
 class OomBudget:
@@ -65,7 +77,7 @@ class OomBudget:
         if self._levels:
             level = self._levels.get(max(1, math.ceil(concurrency - 0.1)))
             if level is not None:
-                level.outcomes.append((now_s, False, None))
+                level.add(now_s, False, None)
 
     def ran_out(self, level: int, now_s: float, room: float | None) -> bool:
         """An OOM with `level` requests in flight, when the readings gave `room` (None: not read).
@@ -75,9 +87,9 @@ class OomBudget:
         counted = self._levels.get(level)
         if counted is None or self._expire(level, now_s) is None:
             self._levels[level] = _Level(now_s, room)
-            self._levels[level].outcomes.append((now_s, True, room))
+            self._levels[level].add(now_s, True, room)
             return False  # the first at its level lately: a change of the card until proven otherwise
-        counted.outcomes.append((now_s, True, room))
+        counted.add(now_s, True, room)
         if counted.room is None:
             counted.room = room  # the first OOM came before the readings could tell: this one's
         if room is not None and counted.room is not None and room < counted.room - ROOM_MARGIN:
@@ -92,11 +104,11 @@ class OomBudget:
             return None
         outcomes, horizon_s = counted.outcomes, now_s - self.memory_s
         while outcomes and outcomes[0][0] < horizon_s:
-            outcomes.popleft()
+            counted.drop_oldest()
         if counted.first_oom_s < horizon_s:
             # The first OOM expired: the count starts again at the next one still kept, if any.
             while outcomes and not outcomes[0][1]:
-                outcomes.popleft()
+                counted.drop_oldest()
             if not outcomes:
                 del self._levels[level]
                 return None
@@ -108,7 +120,7 @@ class OomBudget:
         counted = self._expire(level, now_s)
         if counted is None:
             return 0, 0
-        return len(counted.outcomes), sum(outcome[1] for outcome in counted.outcomes)
+        return len(counted.outcomes), counted.ooms
 
     def _over(self, requests: int, ooms: int) -> bool:
         """More OOMs than the budget allows. The count starts at an OOM, which says nothing of the
@@ -124,7 +136,7 @@ class OomBudget:
         requests, ooms = self._count(level, now_s)
         if requests < MIN_OUTCOMES or self._over(requests, ooms):
             return False
-        recent = list(self._levels[level].outcomes)[-MIN_OUTCOMES:]
+        recent = islice(reversed(self._levels[level].outcomes), MIN_OUTCOMES)
         return sum(outcome[1] for outcome in recent) <= RECENT_OOMS
 
     def bars(self, level: int, now_s: float, room: float | None = None) -> bool:
@@ -144,10 +156,7 @@ class OomBudget:
     def levels(self) -> dict[str, list[int]]:
         """The levels counted now, as `{level: [requests, OOMs]}` from each one's first OOM on, for
         the status (a level not judged since may still hold expired ones)."""
-        return {
-            str(at): [len(counted.outcomes), sum(outcome[1] for outcome in counted.outcomes)]
-            for at, counted in sorted(self._levels.items())
-        }
+        return {str(at): [len(counted.outcomes), counted.ooms] for at, counted in sorted(self._levels.items())}
 
     def forget(self) -> None:
         """What a level means changed (the gate weighs its routes anew): its counts mean nothing."""

@@ -167,6 +167,8 @@ def test_an_oom_is_kept_only_after_an_earlier_one_at_its_level_and_within_the_bu
             assert since_first[-MIN_OUTCOMES:].count(True) <= max(2, share * MIN_OUTCOMES)
         if share == 0:
             assert not kept and not budget.bars(level, now_s)
+        for counted in budget._levels.values():  # the running counts agree with a recount
+            assert counted.ooms == sum(outcome[1] for outcome in counted.outcomes)
 
 
 def test_aimd_keeps_a_mix_level_through_its_pile_ups_and_gives_up_one_over_budget() -> None:
