@@ -6,23 +6,24 @@ expected service time is past its deadline, and the place it gets carries the la
 may still start (`Waiter.latest_start_s`): the line refuses it then rather than grant a slot
 to work whose answer nobody would read.
 
-When the queue stands (`_codel.ControlledDelay`), `overload` says what the gate does about it:
+When the queue is in overload (`_overload.OverloadDetector`: more arrive than the slots take in,
+or the line cannot be served within its waiters' deadlines), `overload` says what the gate does:
 
-- "lifo" (the default): serve newest first until the line drains (adaptive LIFO);
+- "lifo" (the default): serve newest first until it ends (adaptive LIFO), and answer at once
+  whoever could no longer be served before its deadline with the newer ones served first (its
+  wait so far, the line ahead of it at the drain rate, and its work);
 - "shed": stay first come first served, but turn away at arrival whoever would wait longer than
-  the controller's interval;
-- in both, while it stands nobody waits longer than its patience: half its deadline less its
-  work, at most eight intervals (at least one turn): given up when its turn comes after that, or
-  when that time has passed;
-  newest first also answers at once whoever is buried deeper than the slots can serve in that time;
+  the detector's interval;
 - "off": none of this; a FIFO line bounded by deadlines alone.
+
+A line of any length that drains within its deadlines is never in overload: first come, first
+served, under every mode.
 
 `benchmarks/overload.py` compares the three; the README has its table.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["OVERLOAD_MODES", "DrainRate", "queue_up"]
 
 OVERLOAD_MODES = ("lifo", "shed", "off")
-PATIENCE_INTERVALS = 8  # a burst that drains within eight intervals (32 service times) is served whole
 DRAIN_WINDOW_S = 10.0
 DRAIN_MIN_SPAN_S = 0.5  # below this, a rate is mostly noise
 DRAIN_POINT_EVERY_S = 0.1
@@ -44,55 +44,56 @@ def queue_up(
     core: GateCore, timeout_s: float, service_s: float, priority: int, tenant: str | None, units: float = 1
 ) -> str | Waiter:
     """No free slot: a place in the line, or the reason there is none (see the module's docstring)."""
-    limiter, delay = core.limiter, core.delay
+    limiter, detector = core.limiter, core.detector
     line = limiter.line
-    if delay is not None and core.queue_target_s is None:
-        mean_s = core.services.mean_s()
-        if mean_s is not None:
-            delay.set_target(mean_s)
+    now_s = core._clock()
+    if detector is not None:
+        if core.queue_target_s is None:
+            mean_s = core.services.mean_s()
+            if mean_s is not None:
+                detector.set_target(mean_s)
+        detector.arrived(now_s)
     budget_s = timeout_s - service_s  # the longest it may wait and still finish in time
-    wait_s = core.expected_wait_s(line.ahead_of(priority, tenant))
+    ahead = line.ahead_of(priority, tenant)
+    wait_s = core.expected_wait_s(ahead)
     if wait_s is not None and wait_s > budget_s:
+        if detector is not None and ahead > 0 and budget_s > 0:
+            detector.infeasible(now_s)  # the line, not its own work, is what it cannot wait out
         return "deadline"
-    patience_s = math.inf
-    if delay is not None:
-        # While the queue stands, an answer should come within half the deadline (a success, not a
-        # near miss), and a 503 soon: newest first rarely serves whoever waited PATIENCE_INTERVALS
-        # intervals. A tenant's turn among N takes N intervals, so never less than that.
-        turns_s = delay.interval_s * line.turns(priority)
-        patience_s = max(turns_s, min(timeout_s / 2 - service_s, PATIENCE_INTERVALS * turns_s))
-        if delay.overloaded:
-            if core.overload == "shed":
-                fifo_wait_s = core.expected_wait_s(len(line))
-                if fifo_wait_s is not None and fifo_wait_s > delay.interval_s:
-                    return "overload"
-            else:
-                answer_the_buried(core, patience_s, priority)
-            budget_s = min(budget_s, patience_s)
+    if detector is not None and detector.overloaded:
+        if core.overload == "shed":
+            fifo_wait_s = core.expected_wait_s(len(line))
+            if fifo_wait_s is not None and fifo_wait_s > detector.interval_s:
+                return "overload"
+        else:
+            answer_the_buried(core, now_s, priority)
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:
             return "queue_full"
         limiter.evict(victim, "evicted")
-    return limiter.join(Waiter(priority, tenant, core._clock() + budget_s, patience_s, units))
+    return limiter.join(Waiter(priority, tenant, now_s + budget_s, units))
 
 
-def answer_the_buried(core: GateCore, patience_s: float, priority: int) -> None:
-    """Newest first under a standing queue: whoever is deeper than the slots can serve within
-    their patience will only be served if the arrivals stop, and will wait their whole patience
-    for that. Answer them now (`503 deadline`, the oldest first), so their clients can go elsewhere
-    at once, and the line stays as deep as it is useful."""
-    mean_s = core.service_s.mean()
-    if not mean_s:
-        return
+def answer_the_buried(core: GateCore, now_s: float, priority: int) -> None:
+    """Newest first in overload: whoever has everybody newer served before it, and could no longer
+    start before its latest start even so, will not be served. Answer them now (`503 deadline`, the
+    oldest first), so their clients can go elsewhere at once, and the line stays as deep as is
+    useful. A long deadline keeps a deep line; a short one, a short line."""
     limiter = core.limiter
     line = limiter.line
-    depth = max(1, int(patience_s * limiter.limit / mean_s))
-    while len(line) >= depth:
-        buried = line.oldest(priority)
-        if buried is None:
+    detector = core.detector
+    while line:
+        deepest = line.most_buried(priority, now_s)
+        if deepest is None:
+            return
+        buried, ahead = deepest
+        wait_s = core.expected_wait_s(ahead)
+        if wait_s is None or now_s + wait_s <= buried.latest_start_s:
             return
         limiter.evict(buried, "deadline")
+        if detector is not None:
+            detector.infeasible(now_s)
 
 
 class DrainRate:

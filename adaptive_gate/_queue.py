@@ -12,9 +12,9 @@ one small interface (`push`, `pop`, `remove`, `evictable`, `ahead_of`, `len()`):
   so the lowest is never starved for ever. A tenant's line exists only while somebody waits in it,
   so random tenant names cannot grow it past `max_queue`.
 
-Both take a `ControlledDelay` (`_codel.py`): while the queue has held a standing delay, they serve
-newest first (adaptive LIFO): the fresh get served while they can still use the answer, and the
-stale reach their deadline instead of being served late.
+Both take an `OverloadDetector` (`_overload.py`): while more arrive than the slots take in, they
+serve newest first (adaptive LIFO): the fresh get served while they can still use the answer, and
+the stale reach their deadline instead of being served late.
 """
 
 from __future__ import annotations
@@ -24,27 +24,23 @@ from collections import OrderedDict
 
 import anyio
 
-from ._codel import ControlledDelay
+from ._overload import OverloadDetector
 
 __all__ = ["FairLine", "FifoLine", "Waiter"]
 
 
 class Waiter:
     """One place in the line. `granted` turns true when a slot has been handed over; `refused`
-    holds the reason when the line gave up on it instead ("deadline": it could no longer finish in
-    time when its turn came, or it waited longer than its `patience_s` while the queue stood;
-    "evicted": a more important request took its place)."""
+    holds the reason when the line gave up on it instead ("deadline": it could no longer be served
+    before its deadline; "evicted": a more important request took its place)."""
 
-    __slots__ = (
-        "granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "patience_s", "units",
-    )  # fmt: skip
+    __slots__ = ("granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "units")
 
     def __init__(
         self,
         priority: int = 0,
         tenant: str | None = None,
         latest_start_s: float = math.inf,
-        patience_s: float = math.inf,
         units: float = 1,
     ) -> None:
         self.units = units  # the slots it takes (the gate's `cost`)
@@ -55,7 +51,6 @@ class Waiter:
         self.tenant = tenant
         self.enqueued_s = 0.0
         self.latest_start_s = latest_start_s
-        self.patience_s = patience_s
 
     def _wake(self) -> None:
         self.granted = True
@@ -69,11 +64,11 @@ class Waiter:
 
 
 class FifoLine(OrderedDict[Waiter, None]):
-    """First come, first served; newest first while the delay controller says the queue stands."""
+    """First come, first served; newest first while the detector says the queue is in overload."""
 
-    def __init__(self, delay: ControlledDelay | None = None) -> None:
+    def __init__(self, detector: OverloadDetector | None = None) -> None:
         super().__init__()
-        self.delay = delay
+        self.detector = detector
 
     def push(self, waiter: Waiter, now_s: float) -> None:
         waiter.enqueued_s = now_s
@@ -81,17 +76,17 @@ class FifoLine(OrderedDict[Waiter, None]):
 
     def peek_next(self, now_s: float) -> Waiter:
         """Whom `pop_next` would serve now, left in its place (it may not fit yet)."""
-        delay = self.delay
-        return next(reversed(self)) if delay is not None and delay.overloaded else next(iter(self))
+        detector = self.detector
+        return next(reversed(self)) if detector is not None and detector.overloaded else next(iter(self))
 
     def pop_next(self, now_s: float) -> Waiter:
-        delay = self.delay
-        if delay is None:
+        detector = self.detector
+        if detector is None:
             return self.popitem(last=False)[0]
-        waiter = self.popitem(last=delay.overloaded)[0]
+        waiter = self.popitem(last=detector.overloaded)[0]
         # The delay of the line is its oldest member's: whoever is served (the newest, under LIFO).
         oldest = next(iter(self), waiter)
-        delay.dequeued(now_s - min(oldest.enqueued_s, waiter.enqueued_s), now_s, empty=not self)
+        detector.dequeued(now_s - min(oldest.enqueued_s, waiter.enqueued_s), now_s, empty=not self)
         return waiter
 
     def remove(self, waiter: Waiter) -> bool:
@@ -101,9 +96,11 @@ class FifoLine(OrderedDict[Waiter, None]):
         """How many take turns with a newcomer: nobody, in a single line."""
         return 1
 
-    def oldest(self, priority: int) -> Waiter | None:
-        """The waiter newest first would serve last: the one to answer first when the line is too deep."""
-        return next(iter(self), None)
+    def most_buried(self, priority: int, now_s: float) -> tuple[Waiter, int] | None:
+        """The waiter newest first would serve last, and how many go first (everyone else and a
+        newcomer): the one to answer first when the line is too deep."""
+        oldest = next(iter(self), None)
+        return None if oldest is None else (oldest, len(self))
 
     def evictable(self, priority: int) -> Waiter | None:
         """FIFO has no priorities: nobody makes room for anybody."""
@@ -111,7 +108,7 @@ class FifoLine(OrderedDict[Waiter, None]):
 
     def ahead_of(self, priority: int, tenant: str | None = None) -> int:
         """How many would be served before a newcomer (newest first: nobody)."""
-        return 0 if self.delay is not None and self.delay.overloaded else len(self)
+        return 0 if self.detector is not None and self.detector.overloaded else len(self)
 
 
 class _Level:
@@ -150,9 +147,9 @@ class _Level:
 class FairLine:
     """Priorities first (with aging), tenants in turn within a priority; see the module's docstring."""
 
-    def __init__(self, aging_s: float, delay: ControlledDelay | None = None) -> None:
+    def __init__(self, aging_s: float, detector: OverloadDetector | None = None) -> None:
         self.aging_s = aging_s
-        self.delay = delay
+        self.detector = detector
         self._levels: dict[int, _Level] = {}  # only levels with somebody waiting
         self._size = 0
 
@@ -180,13 +177,13 @@ class FairLine:
         """The level to serve, and whether newest first within the tenant whose turn it is."""
         priority = self._level_to_serve(now_s)
         level = self._levels[priority]
-        delay = self.delay
+        detector = self.detector
         newest = False
-        if delay is not None and delay.overloaded:
+        if detector is not None and detector.overloaded:
             # Newest first only within a tenant whose own line stands (its oldest waited longer than
             # its turns take): a light tenant's second request is not sacrificed to its third.
             oldest = next(iter(next(iter(level.tenants.values()))))
-            newest = now_s - oldest.enqueued_s > delay.interval_s * len(level.tenants)
+            newest = now_s - oldest.enqueued_s > detector.interval_s * len(level.tenants)
         return priority, level, newest
 
     def peek_next(self, now_s: float) -> Waiter:
@@ -197,16 +194,16 @@ class FairLine:
 
     def pop_next(self, now_s: float) -> Waiter:
         priority, level, newest = self._choose(now_s)
-        delay = self.delay
+        detector = self.detector
         waiter = level.pop(newest)
         if not level.arrivals:
             del self._levels[priority]
         self._size -= 1
-        if delay is not None:
+        if detector is not None:
             # The delay of the line is its oldest member's, whoever is served: the newest under LIFO,
             # or a fresh important one while the less important wait on.
             oldest_s = min([waiter.enqueued_s] + [next(iter(lv.arrivals)).enqueued_s for lv in self._levels.values()])
-            delay.dequeued(now_s - oldest_s, now_s, empty=self._size == 0)
+            detector.dequeued(now_s - oldest_s, now_s, empty=self._size == 0)
         return waiter
 
     def turns(self, priority: int) -> int:
@@ -214,12 +211,27 @@ class FairLine:
         level = self._levels.get(priority)
         return 1 if level is None else max(1, len(level.tenants))
 
-    def oldest(self, priority: int) -> Waiter | None:
-        """The oldest of the lowest level, when that level is not above `priority`."""
+    def most_buried(self, priority: int, now_s: float) -> tuple[Waiter, int] | None:
+        """The waiter buried deepest, and how many go first, when its level is not above `priority`:
+        the oldest of the longest tenant line at the lowest level. Where that line is served newest
+        first (`_choose`), its own tenant's newer ones go first and, for each of those, a turn of
+        every other tenant; else its turn comes within one round of the tenants."""
         if not self._levels:
             return None
         lowest = min(self._levels)
-        return None if lowest > priority else next(iter(self._levels[lowest].arrivals))
+        if lowest > priority:
+            return None
+        level = self._levels[lowest]
+        longest = max(level.tenants.values(), key=len)
+        oldest = next(iter(longest))
+        higher = self._size - len(level.arrivals)
+        turns = len(level.tenants)
+        detector = self.detector
+        if detector is None or now_s - oldest.enqueued_s <= detector.interval_s * turns:
+            return oldest, higher + turns  # the tenants before it in the round, and a newcomer
+        own = len(longest)
+        others = sum(min(len(line), own) for line in level.tenants.values() if line is not longest)
+        return oldest, higher + own - 1 + others + 1
 
     def _level_to_serve(self, now_s: float) -> int:
         """The level whose oldest waiter has the highest aged priority; ties go to the higher level."""
@@ -261,6 +273,7 @@ class FairLine:
         if level is None:
             return ahead
         own_line = level.tenants.get(tenant)
-        own = 0 if own_line is None or (self.delay is not None and self.delay.overloaded) else len(own_line)
+        overloaded = self.detector is not None and self.detector.overloaded
+        own = 0 if own_line is None or overloaded else len(own_line)
         others = sum(min(len(line), own + 1) for name, line in level.tenants.items() if name != tenant)
         return ahead + own + others

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from ._accounts import ClassCounts, ServiceEstimates
 from ._admission import OVERLOAD_MODES, DrainRate, queue_up
-from ._codel import ControlledDelay
 from ._core_answers import CoreAnswers
 from ._operator import OperatorBounds
+from ._overload import OverloadDetector
 from ._queue import FairLine, FifoLine
 from ._route_weights import RouteWeights
 from ._swallowed import SwallowedOoms
@@ -62,7 +62,7 @@ class GateCore(CoreAnswers):
         """The middleware and the simulator build it alike; `controller` is bound to the bounds here.
 
         `classes`: requests carry priorities and tenants (a fair line, counts per class);
-        `overload`: what a standing queue turns into ("lifo", "shed" or "off", see `_admission`);
+        `overload`: what the gate does in overload ("lifo", "shed" or "off", see `_admission`);
         `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
         if overload not in OVERLOAD_MODES:
             raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")
@@ -73,8 +73,8 @@ class GateCore(CoreAnswers):
         self.min_limit, self.max_limit = min_limit, max_limit
         self.max_retry_after_s = max_retry_after_s
         # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
-        self.delay = None if overload == "off" else ControlledDelay(queue_target_s)
-        line = FairLine(priority_aging_s, self.delay) if classes else FifoLine(self.delay)
+        self.detector = None if overload == "off" else OverloadDetector(queue_target_s)
+        line = FairLine(priority_aging_s, self.detector) if classes else FifoLine(self.detector)
         self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock, line=line)
         self.overload = overload
         self.queue_target_s = queue_target_s
@@ -115,7 +115,7 @@ class GateCore(CoreAnswers):
         """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
         place in the line, whose slots come with a release or a higher limit), or the reason to turn
         it away: "queue_full", "deadline" when it is not expected to finish (wait and `route`'s
-        service time) within the `timeout_s` it has, or "overload" when a standing queue sheds. A
+        service time) within the `timeout_s` it has, or "overload" when the gate sheds in overload. A
         waiter the line gives up on later is `refused` ("deadline": it could no longer finish in
         time; "evicted")."""
         if self.classes is not None:

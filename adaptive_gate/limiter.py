@@ -3,7 +3,7 @@
 Think of it as a counter of slots in use (`in_flight`) and a line of people waiting for one
 (`queued`). Whoever arrives while a slot is free and nobody is waiting walks straight in. Everyone
 else joins the line. When a slot comes back it is handed directly to the person the line puts
-first (`_queue.py`: the front, unless priorities, tenants or a standing queue say otherwise), so a
+first (`_queue.py`: the front, unless priorities, tenants or an overload say otherwise), so a
 newcomer can never take a slot from somebody who waits. A waiter whose latest start has passed
 when its turn comes is refused (`Waiter.refused`) and the slot goes on to the next. Raising the limit lets the
 front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
@@ -161,8 +161,13 @@ class Limiter:
             waiter.granted = False  # leaving twice gives the slot back once
             self.release(waiter.units)
         elif self._waiters.remove(waiter):
-            if not self._waiters and self._waiters.delay is not None:
-                self._waiters.delay.drained()
+            detector = self._waiters.detector
+            if detector is not None:
+                now_s = self._clock()
+                if now_s >= waiter.latest_start_s:  # it waited out its time: the line was too long for it
+                    detector.infeasible(now_s)
+                if not self._waiters:
+                    detector.drained()
             self._hand_over()  # a heavy one that left may have held up lighter ones behind it
 
     def evict(self, waiter: Waiter, reason: str) -> None:
@@ -198,13 +203,14 @@ class Limiter:
         while waiters and self._in_flight < self._limit:
             now_s = self._clock()
             waiter = waiters.peek_next(now_s)
-            delay = waiters.delay  # looked up here: every release passes by, most with nobody waiting
-            standing = delay is not None and delay.overloaded
-            if now_s > waiter.latest_start_s or (standing and now_s - waiter.enqueued_s > waiter.patience_s):
-                # It could no longer finish before its deadline, or it went stale in a standing
-                # queue: the slot goes to the next one, not to an answer that comes too late.
+            if now_s > waiter.latest_start_s:
+                # It could no longer finish before its deadline: the slot goes to the next one, not
+                # to an answer that comes too late. The line was too long for it: overload.
                 waiters.pop_next(now_s)
                 waiter._refuse("deadline")
+                detector = waiters.detector  # looked up here: every release passes by, most with nobody waiting
+                if detector is not None:
+                    detector.infeasible(now_s)
                 continue
             if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
                 return  # its units do not fit yet: it keeps its place, and nobody overtakes it

@@ -156,9 +156,13 @@ def _class_families(stats: GateStatistics) -> Iterator[Metric]:
                 family.add_metric([name, outcome], tally[outcome])
         yield family
     overload = stats.overload
-    yield _gauge("queue_standing", "1 while the queue holds a standing delay", float(overload.get("standing", False)))
+    yield _gauge(
+        "queue_standing",
+        "1 while the queue is in overload (more arriving than served)",
+        float(overload.get("standing", False)),
+    )
     if "episodes" in overload:
-        yield _counter("queue_standing_episodes", "Times the queue was found standing", overload["episodes"])
+        yield _counter("queue_standing_episodes", "Times the queue went into overload", overload["episodes"])
     if overload.get("target_ms") is not None:
         target_s = overload["target_ms"] / 1000
         yield _gauge("queue_target_seconds", "The sojourn above which the queue counts as standing", target_s)

@@ -102,8 +102,8 @@ class GateOptions:
         put("priority_aging", check_seconds("priority_aging", self.priority_aging, allow_zero=False))
         if self.overload not in OVERLOAD_MODES:
             raise ValueError(
-                f"overload must be one of {', '.join(map(repr, OVERLOAD_MODES))} (what a standing queue turns "
-                f"into: newest first, shed at arrival, or nothing); got {self.overload!r}"
+                f"overload must be one of {', '.join(map(repr, OVERLOAD_MODES))} (what the gate does while more "
+                f"arrive than the card serves: newest first, shed at arrival, or nothing); got {self.overload!r}"
             )
         if self.queue_target is not None:
             put("queue_target", check_seconds("queue_target", self.queue_target, allow_zero=False))

@@ -156,16 +156,20 @@ def snapshot(core: GateCore) -> GateStatistics:
 
 
 def _overload(core: GateCore) -> dict[str, Any]:
-    """What a standing queue turns into, whether the queue stands now, and how often it has."""
-    delay = core.delay
-    if delay is None:
+    """What the gate does in overload, whether the queue is in overload now (`standing`), how often
+    it has been, and the rates it is judged by: arrivals to the line against waiters taken in."""
+    detector = core.detector
+    if detector is None:
         return {"mode": core.overload, "standing": False}
+    arriving_per_s, taken_per_s = detector.rates_per_s(core._clock())
     return {
         "mode": core.overload,
-        "standing": delay.overloaded,
-        "target_ms": round(delay.target_s * 1000, 3) if delay.known else None,  # None: no service time yet
-        "interval_ms": round(delay.interval_s * 1000, 3),
-        "episodes": delay.episodes,
+        "standing": detector.overloaded,
+        "target_ms": round(detector.target_s * 1000, 3) if detector.known else None,  # None: no service time yet
+        "interval_ms": round(detector.interval_s * 1000, 3),
+        "episodes": detector.episodes,
+        "arriving_per_s": round(arriving_per_s, 3),
+        "taken_in_per_s": round(taken_per_s, 3),
     }
 
 

@@ -8,10 +8,12 @@ requests per second. Clients arrive as Poisson flows and carry a deadline (what
 `x-envoy-expected-rq-timeout-ms` tells the gate); an answer after it is waste (a late 200).
 No real sleep: a minute of traffic replays in a second or so, and a seed gives the same run.
 
-Two tables:
+Tables:
 - overload: all clients alike at 2x and 4x capacity, for each `overload` mode (lifo, shed, off):
   goodput (answers within the deadline per second, against capacity), the p99 of the successes'
   latency against the deadline, late answers (must be 0);
+- closed loop: 8, 24 and 128 clients, each sending its next request when answered (a 60 s
+  deadline), for each mode: every request answered 200, and the queue never in overload;
 - tenants: a heavy tenant at 10x a light one's rate, 2x capacity in all: the share of its offered
   rate that each gets answered in time (the light one must get >= 90%);
 - priorities: a tenth of a 4x load at priority 1: its share answered in time and its wait for a
@@ -34,6 +36,8 @@ from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.limiter import Waiter
 from adaptive_gate.status import percentiles_ms
 
+from .environment import environment
+
 LIMIT = 4
 SERVICE_S = 0.05  # capacity: 80/s
 DEADLINE_S = 1.0
@@ -48,6 +52,10 @@ class Flow:
     deadline_s: float = DEADLINE_S
     priority: int = 0
     tenant: str | None = None
+    # A closed loop instead: this many clients, each sending its next request when the last is
+    # answered (after `pause_s` where it was turned away); `rate_per_s` is then not used.
+    clients: int | None = None
+    pause_s: float = 0.0
 
 
 @dataclass
@@ -91,6 +99,8 @@ class Replay:
         self._events: list[tuple[float, int, str, object]] = []
         self.duration_s = 0.0
         self._sequence = itertools.count()
+        self.stood_s = 0.0  # how long the status said the queue stands
+        self._stood_since_s: float | None = None
 
     def at(self, when_s: float, kind: str, payload: object) -> None:
         heapq.heappush(self._events, (when_s, next(self._sequence), kind, payload))
@@ -98,7 +108,11 @@ class Replay:
     def run(self, duration_s: float) -> list[FlowResult]:
         self.duration_s = duration_s
         for index, flow in enumerate(self.flows):
-            self.at(self.random.expovariate(flow.rate_per_s), "arrival", index)
+            if flow.clients is None:
+                self.at(self.random.expovariate(flow.rate_per_s), "arrival", index)
+            else:  # the pool starts at once, as a batch job's workers do
+                for _ in range(flow.clients):
+                    self.at(0.0, "arrival", index)
         handlers: dict[str, Callable[[object], None]] = {
             "arrival": self.arrival, "finish": self.finish, "timeout": self.timeout,
         }  # fmt: skip
@@ -109,12 +123,28 @@ class Replay:
             self.now_s = when_s
             handlers[kind](payload)
             self.collect()
+            self.watch_standing()
         return self.results
+
+    def watch_standing(self) -> None:
+        detector = self.core.detector
+        standing = detector is not None and detector.overloaded
+        if standing and self._stood_since_s is None:
+            self._stood_since_s = self.now_s
+        elif not standing and self._stood_since_s is not None:
+            self.stood_s += self.now_s - self._stood_since_s
+            self._stood_since_s = None
+
+    def next_of(self, request: _Request, pause_s: float = 0.0) -> None:
+        """A closed loop's client sends its next request once answered."""
+        if self.flows[request.flow].clients is not None:
+            self.at(self.now_s + pause_s, "arrival", request.flow)
 
     def arrival(self, payload: object) -> None:
         index = int(payload)  # type: ignore[call-overload]
         flow = self.flows[index]
-        self.at(self.now_s + self.random.expovariate(flow.rate_per_s), "arrival", index)
+        if flow.clients is None:
+            self.at(self.now_s + self.random.expovariate(flow.rate_per_s), "arrival", index)
         request = _Request(index, self.now_s, self.service_s * self.random.uniform(0.8, 1.2))
         self.results[index].offered += 1
         admission = self.core.arrive(flow.deadline_s, route=ROUTE, priority=flow.priority, tenant=flow.tenant)
@@ -138,6 +168,7 @@ class Replay:
         self.core.release(payload.ticket, self.now_s, Outcome.COMPLETED)
         latency_s = self.now_s - payload.arrived_s
         result = self.results[payload.flow]
+        self.next_of(payload)
         if self.now_s > self.duration_s:
             return  # the tail after the last arrival: not counted, so goodput is per second of load
         if latency_s <= self.flows[payload.flow].deadline_s:
@@ -158,6 +189,7 @@ class Replay:
         self.core.rejected(reason, timed_out=timed_out, priority=flow.priority, tenant=flow.tenant)
         self.results[request.flow].rejected += 1
         self.results[request.flow].rejected_after_s += self.now_s - request.arrived_s
+        self.next_of(request, flow.pause_s)
 
     def collect(self) -> None:
         """Start the waiters the line granted a slot, answer those it refused."""
@@ -187,6 +219,25 @@ def overload_rows(duration_s: float, seed: int) -> list[dict[str, object]]:
                 "late": result.late, "rejected": result.rejected,
                 "503_after_ms": round(1000 * result.rejected_after_s / max(1, result.rejected), 1),
                 "offered": result.offered,
+            })  # fmt: skip
+    return rows
+
+
+def closed_loop_rows(duration_s: float, seed: int) -> list[dict[str, object]]:
+    """Pools of clients that FIFO serves in full: no mode may turn one away."""
+    rows: list[dict[str, object]] = []
+    capacity = capacity_per_s()
+    for clients in (8, 24, 128):
+        for mode in ("lifo", "shed", "off"):
+            flow = Flow(0.0, deadline_s=60.0, clients=clients, pause_s=0.05)
+            replay = Replay([flow], overload=mode, seed=seed, max_queue=512)
+            [result] = replay.run(duration_s)
+            p99_ms = (percentiles_ms(result.latencies_s) or {"p99": 0.0})["p99"]
+            rows.append({
+                "clients": clients, "overload": mode,
+                "goodput_vs_capacity": round(result.on_time / duration_s / capacity, 3),
+                "answered_200": result.on_time, "rejected": result.rejected, "p99_ms": p99_ms,
+                "in_overload_s": round(replay.stood_s, 3),
             })  # fmt: skip
     return rows
 
@@ -242,12 +293,18 @@ def main() -> None:
           f"{args.duration_s:.0f} s of virtual time, seed {args.seed}\n")  # fmt: skip
     overload = overload_rows(args.duration_s, args.seed)
     print(table(overload) + "\n")
+    closed_loop = closed_loop_rows(args.duration_s, args.seed)
+    print(table(closed_loop) + "\n")
     tenants = tenant_rows(args.duration_s, args.seed)
     print(table(tenants) + "\n")
     priorities = priority_rows(args.duration_s, args.seed)
     print(table(priorities))
     if args.json is not None:
-        document = {"overload": overload, "tenants": tenants, "priorities": priorities}
+        document = {
+            "environment": environment(),
+            "command": f"python -m benchmarks.overload --duration-s {args.duration_s:g} --seed {args.seed}",
+            "overload": overload, "closed_loop": closed_loop, "tenants": tenants, "priorities": priorities,
+        }  # fmt: skip
         args.json.write_text(json.dumps(document, indent=2))
 
 

@@ -197,19 +197,19 @@ def test_a_full_line_behind_a_heavy_head_is_not_ready() -> None:
 
 
 def test_a_tick_serves_a_waiter_that_the_line_put_first_meanwhile() -> None:
-    """Found in review: under a standing queue the fair line turns newest first within a tenant
-    once its line has stood long enough, with nobody arriving or leaving; a light waiter that now
-    came first and fits sat beside a free unit until some unrelated event."""
-    from adaptive_gate._codel import ControlledDelay
+    """Found in review: in overload the fair line turns newest first within a tenant once its line
+    has stood long enough, with nobody arriving or leaving; a light waiter that now came first and
+    fits sat beside a free unit until some unrelated event."""
+    from adaptive_gate._overload import OverloadDetector
 
     now_s = [0.0]
-    delay = ControlledDelay(0.005)
-    delay.overloaded = True
-    limiter = Limiter(4, max_queue=10, clock=lambda: now_s[0], line=FairLine(10.0, delay))
+    detector = OverloadDetector(0.005)
+    detector.infeasible(0.0)  # in overload
+    limiter = Limiter(4, max_queue=10, clock=lambda: now_s[0], line=FairLine(10.0, detector))
     assert limiter.try_acquire(3)
-    limiter.join(Waiter(0, "a", 99, 99, units=2))  # the oldest: served first, but 3 + 2 > 4
+    limiter.join(Waiter(0, "a", 99, units=2))  # the oldest: served first, but 3 + 2 > 4
     now_s[0] = 0.01
-    light = limiter.join(Waiter(0, "a", 99, 99, units=1))
+    light = limiter.join(Waiter(0, "a", 99, units=1))
     now_s[0] = 0.2  # tenant a's line has stood: newest first, and the light one fits
     assert not light.granted
     limiter.reconsider()

@@ -4,7 +4,6 @@ fake clock (the core) or through the middleware where the wire matters (headers,
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import anyio
@@ -116,19 +115,22 @@ def test_newest_first_keeps_the_successes_fresh() -> None:
     assert lifo_slow <= 0.01 * len(lifo.latencies_s) < fifo_slow
 
 
-def test_newest_first_answers_the_buried_at_once() -> None:
+@pytest.mark.parametrize(("deadline_s", "kept"), [(10.5, 9), (20.5, 19)])
+def test_newest_first_answers_the_buried_at_once(deadline_s: float, kept: int) -> None:
+    """In overload, whoever could no longer start in time with everyone newer served first is
+    answered at once; a longer deadline keeps a deeper line (no fixed patience)."""
     now = [0.0]
     core = core_at(now)
     for _ in range(30):
         serve_one(core, now)
-    assert core.arrive(10.0, route="r") is ADMITTED
-    assert core.delay is not None
-    core.delay.overloaded = True  # the queue stands (how it gets there: tests/test_queue.py)
-    # Patience: half the 10 s deadline less ~1 s of work, so ~4 s: four 1 s requests on one slot.
-    waiters = [core.arrive(10.0, route="r") for _ in range(10)]
+    assert core.arrive(deadline_s, route="r") is ADMITTED
+    assert core.detector is not None
+    core.detector.infeasible(now[0])  # in overload (how it gets there: tests/test_queue.py)
+    # Each takes ~1 s on one slot, and may start until ~1 s before its deadline.
+    waiters = [core.arrive(deadline_s, route="r") for _ in range(kept + 6)]
     assert all(isinstance(w, Waiter) for w in waiters)
-    assert core.limiter.queued == 4
-    assert [w.refused for w in waiters[:6]] == ["deadline"] * 6  # the oldest, answered at once
+    assert core.limiter.queued == kept
+    assert [w.refused for w in waiters[:6]] == ["deadline"] * 6  # type: ignore[union-attr]  # the oldest, at once
     assert all(w.refused is None for w in waiters[6:])  # type: ignore[union-attr]
 
 
@@ -373,26 +375,40 @@ TestClassedCoreMachine = ClassedCoreMachine.TestCase
 
 
 @pytest.mark.anyio
-async def test_a_waiter_from_before_the_queue_stood_is_answered_after_its_patience() -> None:
-    """Found in review: a waiter that joined before the queue stood kept its whole deadline as its
-    timer; under newest first its turn never came, and it waited the deadline, not its patience."""
+async def test_a_waiter_buried_in_overload_is_answered_once_it_cannot_be_served_in_time() -> None:
+    """A waiter that joined before the overload has the newer ones served first: it is answered as
+    soon as they make it miss its deadline, not when the deadline comes."""
     from adaptive_gate._body import Body
     from adaptive_gate._line import wait_in_line
 
-    core = GateCore(Fixed(1), min_limit=1, max_limit=1, initial_limit=1, max_queue=10, max_retry_after_s=60,
-                    clock=time.monotonic)  # fmt: skip
-    assert core.arrive(30.0) is ADMITTED  # the one slot, held throughout
-    waiter = core.limiter.join(Waiter(latest_start_s=time.monotonic() + 30.0, patience_s=0.05))
-    assert core.delay is not None
-    core.delay.overloaded = True  # the queue stands now (it did not when the waiter joined)
+    now = [0.0]
+    core = core_at(now)
+    for _ in range(30):
+        serve_one(core, now)  # one request takes a second on the one slot
+    assert core.arrive(30.0, route="r") is ADMITTED  # the slot, held throughout
+    waiter = core.arrive(6.5, route="r")  # may start within ~5.5 s
+    assert isinstance(waiter, Waiter) and core.detector is not None
+    core.detector.infeasible(now[0])  # overload begins
 
     async def never_disconnects() -> dict[str, object]:
         await anyio.sleep_forever()
         return {}
 
-    with anyio.fail_after(5):  # without the fix it waits its whole 30 s
-        outcome = await wait_in_line(core, waiter, Body(never_disconnects), 30.0)
-    assert outcome == "deadline" and core.limiter.queued == 0 and core.limiter.in_flight == 1
+    outcome: list[str] = []
+
+    async def wait() -> None:
+        outcome.append(await wait_in_line(core, waiter, Body(never_disconnects), 5.5))
+
+    with anyio.fail_after(2):  # it would wait 5.5 s otherwise
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(wait)
+            await anyio.sleep(0.01)
+            for _ in range(4):  # newer ones, each served before it
+                assert isinstance(core.arrive(30.0, route="r"), Waiter)
+                await anyio.sleep(0.01)
+                assert outcome == []  # still servable in time behind them
+            assert isinstance(core.arrive(30.0, route="r"), Waiter)  # the fifth: no longer
+    assert outcome == ["deadline"] and core.limiter.queued == 5 and core.limiter.in_flight == 1
 
 
 def test_the_overload_plot_is_drawn_from_virtual_time_and_http_documents(tmp_path: Any) -> None:

@@ -1,4 +1,4 @@
-"""The waiting line's order (`_queue.py`) and the controlled delay (`_codel.py`), on a fake clock."""
+"""The waiting line's order (`_queue.py`) and the overload detector (`_overload.py`), on a fake clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from adaptive_gate._codel import ControlledDelay
+from adaptive_gate._overload import OverloadDetector
 from adaptive_gate._queue import FairLine, FifoLine, Waiter
 from adaptive_gate.limiter import Limiter, QueueFull
 
@@ -17,34 +17,90 @@ def fair_limiter(now: list[float], limit: int = 1, *, aging_s: float = 1e9, max_
     return Limiter(limit, max_queue=max_queue, clock=lambda: now[0], line=FairLine(aging_s))
 
 
-def test_fifo_is_first_come_first_served_until_the_queue_stands() -> None:
-    delay = ControlledDelay(0.01)  # interval: 50 ms
-    line = FifoLine(delay)
-    waiters = [Waiter() for _ in range(6)]
-    for waiter in waiters:
+def test_fifo_is_first_come_first_served_until_more_arrive_than_are_taken_in() -> None:
+    detector = OverloadDetector(0.01)  # interval: 50 ms
+    line = FifoLine(detector)
+    waiters = [Waiter() for _ in range(40)]
+    for waiter in waiters[:4]:
         line.push(waiter, 0.0)
     assert line.pop_next(0.02) is waiters[0]  # waited above the target: the clock starts
-    assert not delay.overloaded
-    assert line.pop_next(0.08) is waiters[1]  # above the target for a whole interval: it stands
-    assert delay.overloaded
-    assert line.pop_next(0.09) is waiters[5]  # newest first now
+    for step, waiter in enumerate(waiters[4:], start=1):  # four arrive for each one taken in
+        now_s = 0.02 + step * 0.002
+        detector.arrived(now_s)
+        line.push(waiter, now_s)
+        if step % 4 == 0:
+            assert line.pop_next(now_s) is waiters[step // 4]  # first come, first served until then
+        if detector.overloaded:
+            break
+    assert detector.overloaded and detector.episodes == 1
+    assert 0.07 <= now_s < 0.09  # one interval after the clock started, not before
+    assert line.pop_next(now_s) is waiter  # newest first now
     assert line.ahead_of(0) == 0
-    for waiter in waiters[2:5]:
-        line.remove(waiter)
-    assert not line
-    line.push(Waiter(), 0.1)
-    line.pop_next(0.1)  # the line emptied: first come first served again
-    assert not delay.overloaded
+    while line:
+        line.pop_next(now_s)
+    line.push(Waiter(), now_s)
+    line.pop_next(now_s)  # the line emptied: first come first served again
+    assert not detector.overloaded
+
+
+def test_a_line_that_stands_without_growing_is_no_overload() -> None:
+    """A closed loop: each answer brings its client back, so the line stands for ever, as long as it
+    is, and it is served first come, first served."""
+    detector = OverloadDetector(0.01)
+    line = FifoLine(detector)
+    for _ in range(100):  # a hundred clients, all at once
+        detector.arrived(0.0)
+        line.push(Waiter(), 0.0)
+    now_s = 0.0
+    for _ in range(2000):  # each one taken in is back a moment later
+        now_s += 0.0025
+        first = next(iter(line))
+        assert line.pop_next(now_s) is first
+        detector.arrived(now_s + 0.0001)
+        line.push(Waiter(), now_s + 0.0001)
+        assert not detector.overloaded
+    assert detector.episodes == 0
+
+
+def test_overload_ends_once_no_more_arrive_than_are_taken_in() -> None:
+    detector = OverloadDetector(0.01)  # window: 100 ms
+    line = FifoLine(detector)
+    for _ in range(10):
+        line.push(Waiter(), 0.0)
+    detector.infeasible(0.0)  # somebody could not be served before its deadline
+    assert detector.overloaded
+    now_s = 0.0
+    for _ in range(60):  # two arrive for each one taken in: it lasts
+        now_s += 0.005
+        detector.arrived(now_s)
+        detector.arrived(now_s)
+        line.push(Waiter(), now_s)
+        line.pop_next(now_s)
+        assert detector.overloaded
+    for _ in range(60):  # one for one from now on: it ends within the window
+        now_s += 0.005
+        detector.arrived(now_s)
+        line.push(Waiter(), now_s)
+        line.pop_next(now_s)
+    assert not detector.overloaded and detector.episodes == 1
+    assert line  # it ended with people waiting: the line did not have to empty
 
 
 def test_a_short_wait_resets_the_clock() -> None:
-    delay = ControlledDelay(0.01)
-    delay.dequeued(0.02, 0.0, empty=False)
-    delay.dequeued(0.001, 0.03, empty=False)  # the queue was short a moment: a burst, not a standing queue
-    delay.dequeued(0.02, 0.06, empty=False)
-    assert not delay.overloaded
-    delay.dequeued(0.02, 0.12, empty=False)
-    assert delay.overloaded and delay.episodes == 1
+    detector = OverloadDetector(0.01)
+    line = FifoLine(detector)
+    for index in range(30):
+        line.push(Waiter(), 0.0)
+        detector.arrived(0.0 + index * 0.001)
+    detector.dequeued(0.02, 0.02, empty=False)
+    detector.dequeued(0.001, 0.04, empty=False)  # the queue was short a moment: a burst, not a standing queue
+    detector.dequeued(0.02, 0.06, empty=False)
+    for index in range(40):
+        detector.arrived(0.06 + index * 0.001)
+    detector.dequeued(0.02, 0.1, empty=False)
+    assert not detector.overloaded  # 50 ms of standing since 60 ms, not since 20 ms
+    detector.dequeued(0.02, 0.111, empty=False)
+    assert detector.overloaded and detector.episodes == 1
 
 
 def test_higher_priority_first_and_tenants_in_turn() -> None:
@@ -134,8 +190,8 @@ class FairLimiterMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = [0.0]
-        self.delay = ControlledDelay(0.01)
-        line = FairLine(aging_s=0.5, delay=self.delay)
+        self.detector = OverloadDetector(0.01)
+        line = FairLine(aging_s=0.5, detector=self.detector)
         self.limiter = Limiter(2, max_queue=6, clock=lambda: self.now[0], line=line)
         self.holders = 0
         self.waiting: list[Waiter] = []
@@ -164,6 +220,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
             self.holders += 1
             return
         waiter = Waiter(priority, tenant, self.now[0] + budget)
+        self.detector.arrived(self.now[0])  # as the core tells it: overload turns the line newest first
         if self.limiter.queued >= self.limiter.max_queue:
             victim = self.limiter.line.evictable(priority)
             if victim is None:
