@@ -6,8 +6,9 @@ expected service time is past its deadline, and the place it gets carries the la
 may still start (`Waiter.latest_start_s`): the line refuses it then rather than grant a slot
 to work whose answer nobody would read.
 
-When the queue is in overload (`_overload.OverloadDetector`: more arrive than the slots take in,
-or the line cannot be served within its waiters' deadlines), `overload` says what the gate does:
+When the queue is in overload (`_overload.OverloadDetector`: a standing line that grows faster than
+the slots take it in, too long to wait out first come first served), `overload` says what the gate
+does:
 
 - "lifo" (the default): serve newest first until it ends (adaptive LIFO), and answer at once
   whoever could no longer be served before its deadline with the newer ones served first (its
@@ -47,26 +48,30 @@ def queue_up(
     limiter, detector = core.limiter, core.detector
     line = limiter.line
     now_s = core._clock()
-    if detector is not None:
-        if core.queue_target_s is None:
-            mean_s = core.services.mean_s()
-            if mean_s is not None:
-                detector.set_target(mean_s)
-        detector.arrived(now_s)
+    if detector is not None and core.queue_target_s is None:
+        mean_s = core.services.mean_s()
+        if mean_s is not None:
+            detector.set_target(mean_s)
     budget_s = timeout_s - service_s  # the longest it may wait and still finish in time
-    ahead = line.ahead_of(priority, tenant)
-    wait_s = core.expected_wait_s(ahead)
-    if wait_s is not None and wait_s > budget_s:
-        if detector is not None and ahead > 0 and budget_s > 0:
-            detector.infeasible(now_s)  # the line, not its own work, is what it cannot wait out
+    wait_s = core.expected_wait_s(line.ahead_of(priority, tenant))
+    late = wait_s is not None and wait_s > budget_s
+    fifo_wait_s = core.expected_wait_s(len(line))
+    shed = (
+        detector is not None
+        and detector.overloaded
+        and core.overload == "shed"
+        and fifo_wait_s is not None
+        and fifo_wait_s > detector.interval_s
+    )
+    if detector is not None:
+        # Whoever wanted a place counts as joining, shed or not; one too late for any place does not.
+        detector.arrived(now_s, joins=not late, wait_s=fifo_wait_s, budget_s=budget_s)
+    if late:
         return "deadline"
-    if detector is not None and detector.overloaded:
-        if core.overload == "shed":
-            fifo_wait_s = core.expected_wait_s(len(line))
-            if fifo_wait_s is not None and fifo_wait_s > detector.interval_s:
-                return "overload"
-        else:
-            answer_the_buried(core, now_s, priority)
+    if shed:
+        return "overload"
+    if detector is not None and detector.overloaded and core.overload == "lifo":
+        answer_the_buried(core, now_s, priority)
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:
@@ -82,7 +87,6 @@ def answer_the_buried(core: GateCore, now_s: float, priority: int) -> None:
     useful. A long deadline keeps a deep line; a short one, a short line."""
     limiter = core.limiter
     line = limiter.line
-    detector = core.detector
     while line:
         deepest = line.most_buried(priority, now_s)
         if deepest is None:
@@ -92,8 +96,6 @@ def answer_the_buried(core: GateCore, now_s: float, priority: int) -> None:
         if wait_s is None or now_s + wait_s <= buried.latest_start_s:
             return
         limiter.evict(buried, "deadline")
-        if detector is not None:
-            detector.infeasible(now_s)
 
 
 class DrainRate:

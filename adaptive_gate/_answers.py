@@ -25,7 +25,7 @@ MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets thi
 REJECTION_DETAILS = {
     "queue_full": "too many requests are waiting for the GPU",
     "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
-    "overload": "the queue has held a standing delay: new requests are shed until it drains",
+    "overload": "more requests arrive than the GPU serves: new ones that would wait long are shed",
     "evicted": "a more important request took this one's place in the full queue",
 }
 

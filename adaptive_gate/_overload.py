@@ -3,26 +3,34 @@
 A line is no harm in itself. A pool of workers draining a backlog (a closed loop: each client sends
 its next request when the last is answered) keeps as many waiting as it has clients, for ever, and
 first come, first served answers every one of them well within its deadline. What harms is a line
-that the card cannot serve in time, and that shows in rates, not in a length:
+that grows faster than the card drains it, until it cannot be served in time. So the queue is in
+overload when, at a newcomer's arrival, all three hold:
 
-- **it keeps growing**: while the queue stands (its oldest waiter has waited longer than `target_s`,
-  one service time, ever since some moment), more have arrived since then than the slots took in,
-  by more than chance explains (a quarter of what was taken in, and twice the counts' noise). A
-  closed loop cannot pass this: its line grows by at most its number of clients, however long it
-  stands, while what the slots take in grows with time;
-- **or it cannot be served within its waiters' deadlines**: at the measured drain rate, a newcomer
-  would start after its latest start, or a waiter in line can no longer be served before its own
-  (`infeasible`).
+- **it stands**: its oldest waiter has waited longer than `target_s` (one service time) ever since
+  some moment at least an interval ago (CoDel's idea, RFC 8289, as Facebook's RPC servers use it);
+- **it grows**: over the last interval more joined the line than the slots took in, by a quarter
+  of what they took in and by twice the counts' noise;
+- **it is getting too long to wait out**: the newcomer's expected wait, first come first served, is
+  past `DEEP_FRACTION` of the time it has to wait.
 
-While one of these holds the gate serves newest first (adaptive LIFO, as in Netflix's
-concurrency-limits: under a growing line FIFO serves everyone late; newest first serves the fresh on
-time) or sheds at arrival (`overload="shed"`). It lasts while more keep arriving than the slots take
-in (over the last two intervals), or while some waiter was found unservable within the last one; it
-ends when neither holds, or when the line empties.
+A closed loop with deadlines long enough for first come, first served never passes the third test,
+however its clients start; an open loop at twice the capacity passes all three within an interval
+and a quarter of its deadline.
 
-The idea of a standing delay comes from CoDel (RFC 8289) and Facebook's RPC servers ("Fail at
-Scale", 2015); counting arrivals against service is what keeps a closed loop out. Like the rest of
-the core, this reads no clock: the time comes with every event.
+While in overload the gate serves newest first (adaptive LIFO, as in Netflix's concurrency-limits:
+under a growing line FIFO serves everyone late; newest first serves the fresh on time) or sheds at
+arrival (`overload="shed"`). It lasts while more keep joining the line than the slots take in (over
+the last two intervals); it ends when they no longer do, or when the line empties. A newcomer shed
+at arrival counts as joining (it wanted a place); one turned away because no place could serve it
+in time does not.
+
+A limit: a closed loop whose clients start one after another (a ramp) while first come, first
+served would keep each waiting more than a quarter of its time looks like an open loop arriving
+faster than the card drains, and is served newest first for as long as the answers bring its clients
+back. With deadlines that first come, first served meets four times over, this cannot happen.
+
+Counts are kept in buckets (`WindowCount`), so the detector's memory does not grow with the rate.
+Like the rest of the core, this reads no clock: the time comes with every event.
 """
 
 from __future__ import annotations
@@ -36,28 +44,54 @@ MIN_TARGET_S = 0.005  # RFC 8289's default target: below it a delay is noise
 # The interval, in targets: four service times of standing delay is a queue, not a burst.
 INTERVAL_TARGETS = 4
 MIN_INTERVAL_S = 0.05
-GROWTH_FRACTION = 0.25  # more arrived than taken in by this share of what was taken in ...
+GROWTH_FRACTION = 0.25  # more joined than taken in by this share of what was taken in ...
 NOISE_SIGMAS = 2.0  # ... and by this many standard deviations of the counts (Poisson: sqrt of their sum)
-LASTING_INTERVALS = 2  # overload lasts while more arrived than were taken in over this many intervals
+DEEP_FRACTION = 0.25  # ... and a newcomer would wait, first come first served, past this share of its time
+LASTING_INTERVALS = 2  # overload lasts while more joined than were taken in over this many intervals
+BUCKETS = 8  # per window: the counts' resolution in time
 
 
-def _outruns(arrived: int, taken: int, fraction: float, sigmas: float) -> bool:
-    """More arrived than were taken in, by more than `fraction` of those and `sigmas` of noise."""
-    excess = arrived - taken
-    return excess > 0 and excess > fraction * taken and excess > sigmas * math.sqrt(arrived + taken)
+def _outruns(joined: int, taken: int) -> bool:
+    """More joined than were taken in, by more than chance explains."""
+    excess = joined - taken
+    return excess > 0 and excess > GROWTH_FRACTION * taken and excess > NOISE_SIGMAS * math.sqrt(joined + taken)
+
+
+class WindowCount:
+    """Events over the last `window_s`, counted in buckets: memory bounded whatever the rate."""
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        self._buckets: deque[list[float]] = deque()  # [bucket start, count], oldest first
+
+    def add(self, now_s: float, window_s: float) -> None:
+        buckets = self._buckets
+        if buckets and now_s - buckets[-1][0] < window_s / BUCKETS:
+            buckets[-1][1] += 1
+        else:
+            buckets.append([now_s, 1])
+        self._forget(now_s, window_s)
+
+    def total(self, now_s: float, window_s: float) -> int:
+        """Events within about the last `window_s` (to a bucket's width)."""
+        self._forget(now_s, window_s)
+        return int(sum(count for _, count in self._buckets))
+
+    def _forget(self, now_s: float, window_s: float) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] < now_s - window_s:
+            buckets.popleft()
 
 
 class OverloadDetector:
     """Whether the queue is in overload (`overloaded`); see the module's docstring.
 
-    Fed by the line and the core: `arrived` (a request found no free slot), `dequeued` (a waiter
-    got one), `infeasible` (a waiter could not be served before its deadline), `drained` (the line
+    Fed by the line and the core: `arrived` (a newcomer found no free slot: whether it joins, and its
+    expected wait against the time it has), `dequeued` (a waiter got a slot), `drained` (the line
     emptied)."""
 
-    __slots__ = (
-        "target_s", "known", "overloaded", "episodes", "_above_since_s", "_arrived_since", "_taken_since",
-        "_arrivals_s", "_takes_s", "_infeasible_s",
-    )  # fmt: skip
+    __slots__ = ("target_s", "known", "overloaded", "episodes", "_above_since_s", "_joined", "_taken")
 
     def __init__(self, target_s: float | None = MIN_TARGET_S) -> None:
         """`target_s` None: not known yet (no service time measured); nothing stands until it is."""
@@ -66,40 +100,51 @@ class OverloadDetector:
         self.overloaded = False
         self.episodes = 0  # how many times overload began: for the status
         self._above_since_s: float | None = None  # since when the queue stands
-        self._arrived_since = 0  # arrivals to the line since then
-        self._taken_since = 0  # waiters taken in since then
-        # The window's arrivals and takes, and the last unservable waiter: whether overload lasts.
-        self._arrivals_s: deque[float] = deque()
-        self._takes_s: deque[float] = deque()
-        self._infeasible_s = -math.inf
+        self._joined = WindowCount()
+        self._taken = WindowCount()
 
     @property
     def interval_s(self) -> float:
         return max(MIN_INTERVAL_S, INTERVAL_TARGETS * self.target_s)
+
+    @property
+    def window_s(self) -> float:
+        """How far back joins and takes are counted for whether overload lasts."""
+        return LASTING_INTERVALS * self.interval_s
 
     def set_target(self, target_s: float) -> None:
         self.target_s = max(MIN_TARGET_S, target_s)
         self.known = True
 
     def rates_per_s(self, now_s: float) -> tuple[float, float]:
-        """Arrivals to the line and waiters taken in, per second, over the window."""
-        self._forget(now_s)
+        """Joins to the line and waiters taken in, per second, over the window."""
         window_s = self.window_s
-        return len(self._arrivals_s) / window_s, len(self._takes_s) / window_s
+        return self._joined.total(now_s, window_s) / window_s, self._taken.total(now_s, window_s) / window_s
 
     # -- events -------------------------------------------------------------------------------------
 
-    def arrived(self, now_s: float) -> None:
-        """A request found no free slot: it waits, or it is turned away at once."""
-        self._arrivals_s.append(now_s)
-        if self._above_since_s is not None:
-            self._arrived_since += 1
-        self._decide(now_s)
+    def arrived(self, now_s: float, *, joins: bool, wait_s: float | None, budget_s: float) -> None:
+        """A newcomer found no free slot; `joins`: it takes a place in line (else it is turned away);
+        `wait_s`: its expected wait first come first served (None: not known), `budget_s`: how long
+        it may wait and still finish in time."""
+        if joins:
+            self._joined.add(now_s, self.window_s)
+        if self.overloaded:
+            self._judge_lasting(now_s)
+            return
+        since_s = self._above_since_s
+        if since_s is None or now_s - since_s < self.interval_s or wait_s is None:
+            return
+        if wait_s <= DEEP_FRACTION * budget_s:
+            return  # first come, first served still answers it in good time: no reason to reorder
+        interval_s = self.interval_s
+        if _outruns(self._joined.total(now_s, interval_s), self._taken.total(now_s, interval_s)):
+            self._begin()
 
     def dequeued(self, sojourn_s: float, now_s: float, *, empty: bool) -> None:
         """A waiter left the line for a slot; the line's oldest had waited `sojourn_s`; `empty`:
         nobody waits behind it."""
-        self._takes_s.append(now_s)
+        self._taken.add(now_s, self.window_s)
         if empty:
             self.drained()
             return
@@ -108,15 +153,9 @@ class OverloadDetector:
         if sojourn_s < self.target_s:
             self._above_since_s = None  # a good queue: it has just been short
         elif self._above_since_s is None:
-            self._above_since_s, self._arrived_since, self._taken_since = now_s, 0, 0
-        else:
-            self._taken_since += 1
-        self._decide(now_s)
-
-    def infeasible(self, now_s: float) -> None:
-        """A waiter, or a newcomer, could not be served before its deadline at the drain rate."""
-        self._infeasible_s = now_s
-        self._begin()
+            self._above_since_s = now_s
+        if self.overloaded:
+            self._judge_lasting(now_s)
 
     def drained(self) -> None:
         """The line emptied: whatever stood has gone, first come first served again."""
@@ -130,29 +169,8 @@ class OverloadDetector:
             self.overloaded = True
             self.episodes += 1
 
-    def _decide(self, now_s: float) -> None:
-        self._forget(now_s)
-        if self.overloaded:
-            arrived, taken = len(self._arrivals_s), len(self._takes_s)
-            lasting = arrived > taken or now_s - self._infeasible_s <= self.interval_s
-            if not lasting:
-                self.overloaded = False
-                self._above_since_s = None
-            return
-        since_s = self._above_since_s
-        if since_s is None or now_s - since_s < self.interval_s:
-            return
-        if _outruns(self._arrived_since, self._taken_since, GROWTH_FRACTION, NOISE_SIGMAS):
-            self._begin()
-
-    @property
-    def window_s(self) -> float:
-        """How far back arrivals and takes are counted for whether overload lasts."""
-        return LASTING_INTERVALS * self.interval_s
-
-    def _forget(self, now_s: float) -> None:
-        """Drop what left the window."""
-        horizon_s = now_s - self.window_s
-        for times in (self._arrivals_s, self._takes_s):
-            while times and times[0] < horizon_s:
-                times.popleft()
+    def _judge_lasting(self, now_s: float) -> None:
+        window_s = self.window_s
+        if self._joined.total(now_s, window_s) <= self._taken.total(now_s, window_s):
+            self.overloaded = False
+            self._above_since_s = None

@@ -161,19 +161,16 @@ class Limiter:
             waiter.granted = False  # leaving twice gives the slot back once
             self.release(waiter.units)
         elif self._waiters.remove(waiter):
-            detector = self._waiters.detector
-            if detector is not None:
-                now_s = self._clock()
-                if now_s >= waiter.latest_start_s:  # it waited out its time: the line was too long for it
-                    detector.infeasible(now_s)
-                if not self._waiters:
-                    detector.drained()
+            if not self._waiters and self._waiters.detector is not None:
+                self._waiters.detector.drained()
             self._hand_over()  # a heavy one that left may have held up lighter ones behind it
 
     def evict(self, waiter: Waiter, reason: str) -> None:
         """Turn a waiter away from its place (to make room for a more important one)."""
         if self._waiters.remove(waiter):
             waiter._refuse(reason)
+            if not self._waiters and self._waiters.detector is not None:
+                self._waiters.detector.drained()
 
     def release(self, units: float = 1, now_s: float | None = None) -> float:
         """Give `units` slots back at `now_s` (by default the clock's now, as the caller may have read
@@ -205,12 +202,9 @@ class Limiter:
             waiter = waiters.peek_next(now_s)
             if now_s > waiter.latest_start_s:
                 # It could no longer finish before its deadline: the slot goes to the next one, not
-                # to an answer that comes too late. The line was too long for it: overload.
+                # to an answer that comes too late.
                 waiters.pop_next(now_s)
                 waiter._refuse("deadline")
-                detector = waiters.detector  # looked up here: every release passes by, most with nobody waiting
-                if detector is not None:
-                    detector.infeasible(now_s)
                 continue
             if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
                 return  # its units do not fit yet: it keeps its place, and nobody overtakes it

@@ -140,3 +140,14 @@ async def test_a_closed_loop_on_a_simulated_card_gets_only_the_cards_503s(mode: 
     assert all(rejected.get(reason, 0) == 0 for reason in NOT_THE_CARD), rejected
     assert statuses.get(200, 0) + rejected.get("oom", 0) == 300
     assert statuses.get(200, 0) >= 290
+
+
+@pytest.mark.parametrize("mode", ["lifo", "shed"])
+def test_one_impatient_request_does_not_put_a_closed_loop_in_overload(mode: str) -> None:
+    """Found in review: one request with a 0.1 s deadline, turned away as it must be, put the whole
+    gate in overload, and newest first then turned away the patient clients for the rest of the run."""
+    flows = [Flow(0.0, deadline_s=2.5, clients=128, pause_s=0.05), Flow(0.2, deadline_s=0.1)]
+    replay = Replay(flows, overload=mode, seed=1, max_queue=512)
+    patient, impatient = replay.run(20.0)
+    assert patient.rejected == 0 and impatient.on_time + impatient.rejected == impatient.offered
+    assert replay.stood_s == 0.0

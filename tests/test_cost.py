@@ -204,7 +204,7 @@ def test_a_tick_serves_a_waiter_that_the_line_put_first_meanwhile() -> None:
 
     now_s = [0.0]
     detector = OverloadDetector(0.005)
-    detector.infeasible(0.0)  # in overload
+    detector.overloaded = True  # in overload
     limiter = Limiter(4, max_queue=10, clock=lambda: now_s[0], line=FairLine(10.0, detector))
     assert limiter.try_acquire(3)
     limiter.join(Waiter(0, "a", 99, units=2))  # the oldest: served first, but 3 + 2 > 4

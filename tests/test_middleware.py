@@ -557,9 +557,11 @@ async def test_chaos_leaves_no_slot_behind(seed: int) -> None:
     gate = find_gate(app)
     assert gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0
     assert statuses.get(200, 0) > 100 and statuses.get(503, 0) > 0 and statuses.get("error", 0) > 0
-    # Every way out was taken: a deadline in line, a client gone from the line, a full line.
+    # The ways out were taken: a client gone from the line, a full line. A deadline in line strikes
+    # only where the line cannot drain in time, which these 2 ms requests rarely make it: that path
+    # has tests of its own (test_queue_timeout_answers_deadline_and_frees_the_place, tests/test_overload.py).
     by_reason = gate.core.counters.rejected_by_reason
-    assert by_reason["deadline"] > 0 and by_reason["queue_full"] > 0 and gate.core.counters.left_queue > 0
+    assert by_reason["queue_full"] > 0 and gate.core.counters.left_queue > 0
     assert gate.core.counters.admitted >= gate.core.counters.completed
 
 

@@ -125,7 +125,7 @@ def test_newest_first_answers_the_buried_at_once(deadline_s: float, kept: int) -
         serve_one(core, now)
     assert core.arrive(deadline_s, route="r") is ADMITTED
     assert core.detector is not None
-    core.detector.infeasible(now[0])  # in overload (how it gets there: tests/test_queue.py)
+    core.detector.overloaded = True  # in overload (how it gets there: tests/test_queue.py)
     # Each takes ~1 s on one slot, and may start until ~1 s before its deadline.
     waiters = [core.arrive(deadline_s, route="r") for _ in range(kept + 6)]
     assert all(isinstance(w, Waiter) for w in waiters)
@@ -388,7 +388,7 @@ async def test_a_waiter_buried_in_overload_is_answered_once_it_cannot_be_served_
     assert core.arrive(30.0, route="r") is ADMITTED  # the slot, held throughout
     waiter = core.arrive(6.5, route="r")  # may start within ~5.5 s
     assert isinstance(waiter, Waiter) and core.detector is not None
-    core.detector.infeasible(now[0])  # overload begins
+    core.detector.overloaded = True  # overload begins (how: tests/test_queue.py)
 
     async def never_disconnects() -> dict[str, object]:
         await anyio.sleep_forever()

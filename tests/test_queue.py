@@ -8,13 +8,18 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from adaptive_gate._overload import OverloadDetector
+from adaptive_gate._overload import BUCKETS, OverloadDetector
 from adaptive_gate._queue import FairLine, FifoLine, Waiter
 from adaptive_gate.limiter import Limiter, QueueFull
 
 
 def fair_limiter(now: list[float], limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000) -> Limiter:
     return Limiter(limit, max_queue=max_queue, clock=lambda: now[0], line=FairLine(aging_s))
+
+
+def joins(detector: OverloadDetector, now_s: float, *, wait_s: float = 1.0, budget_s: float = 1.0) -> None:
+    """A newcomer takes a place in line, expecting `wait_s` first come first served of its `budget_s`."""
+    detector.arrived(now_s, joins=True, wait_s=wait_s, budget_s=budget_s)
 
 
 def test_fifo_is_first_come_first_served_until_more_arrive_than_are_taken_in() -> None:
@@ -26,7 +31,7 @@ def test_fifo_is_first_come_first_served_until_more_arrive_than_are_taken_in() -
     assert line.pop_next(0.02) is waiters[0]  # waited above the target: the clock starts
     for step, waiter in enumerate(waiters[4:], start=1):  # four arrive for each one taken in
         now_s = 0.02 + step * 0.002
-        detector.arrived(now_s)
+        joins(detector, now_s)
         line.push(waiter, now_s)
         if step % 4 == 0:
             assert line.pop_next(now_s) is waiters[step // 4]  # first come, first served until then
@@ -43,64 +48,86 @@ def test_fifo_is_first_come_first_served_until_more_arrive_than_are_taken_in() -
     assert not detector.overloaded
 
 
+def test_a_growing_line_that_is_served_in_good_time_is_no_overload() -> None:
+    """Clients that start one after another (a ramp) grow the line, but while first come, first
+    served answers each in a quarter of its time, there is nothing to reorder."""
+    detector = OverloadDetector(0.01)
+    line = FifoLine(detector)
+    line.push(Waiter(), 0.0)
+    line.pop_next(0.02)
+    now_s = 0.02
+    for _ in range(200):  # four arrive for each one taken in, for a second
+        for _ in range(4):
+            now_s += 0.001
+            joins(detector, now_s, wait_s=0.2, budget_s=60.0)
+            line.push(Waiter(), now_s)
+        line.pop_next(now_s)
+    assert not detector.overloaded and detector.episodes == 0
+    joins(detector, now_s, wait_s=20.0, budget_s=60.0)  # a third of its time: too long a wait now
+    assert detector.overloaded
+
+
 def test_a_line_that_stands_without_growing_is_no_overload() -> None:
     """A closed loop: each answer brings its client back, so the line stands for ever, as long as it
     is, and it is served first come, first served."""
     detector = OverloadDetector(0.01)
     line = FifoLine(detector)
     for _ in range(100):  # a hundred clients, all at once
-        detector.arrived(0.0)
+        joins(detector, 0.0)
         line.push(Waiter(), 0.0)
     now_s = 0.0
     for _ in range(2000):  # each one taken in is back a moment later
         now_s += 0.0025
         first = next(iter(line))
         assert line.pop_next(now_s) is first
-        detector.arrived(now_s + 0.0001)
+        joins(detector, now_s + 0.0001)
         line.push(Waiter(), now_s + 0.0001)
         assert not detector.overloaded
     assert detector.episodes == 0
 
 
-def test_overload_ends_once_no_more_arrive_than_are_taken_in() -> None:
+def test_overload_ends_once_no_more_join_than_are_taken_in() -> None:
     detector = OverloadDetector(0.01)  # window: 100 ms
     line = FifoLine(detector)
     for _ in range(10):
         line.push(Waiter(), 0.0)
-    detector.infeasible(0.0)  # somebody could not be served before its deadline
-    assert detector.overloaded
+    detector.overloaded = True  # in overload (how it gets there: the tests above)
     now_s = 0.0
-    for _ in range(60):  # two arrive for each one taken in: it lasts
+    for _ in range(60):  # two join for each one taken in: it lasts
         now_s += 0.005
-        detector.arrived(now_s)
-        detector.arrived(now_s)
+        joins(detector, now_s)
+        joins(detector, now_s)
         line.push(Waiter(), now_s)
         line.pop_next(now_s)
         assert detector.overloaded
-    for _ in range(60):  # one for one from now on: it ends within the window
+    for _ in range(60):  # turned away at arrival: they do not keep it going
         now_s += 0.005
-        detector.arrived(now_s)
+        detector.arrived(now_s, joins=False, wait_s=1.0, budget_s=1.0)
+        joins(detector, now_s)
         line.push(Waiter(), now_s)
         line.pop_next(now_s)
-    assert not detector.overloaded and detector.episodes == 1
+    assert not detector.overloaded and detector.episodes == 0  # set by hand: no episode counted
     assert line  # it ended with people waiting: the line did not have to empty
 
 
 def test_a_short_wait_resets_the_clock() -> None:
     detector = OverloadDetector(0.01)
-    line = FifoLine(detector)
-    for index in range(30):
-        line.push(Waiter(), 0.0)
-        detector.arrived(0.0 + index * 0.001)
     detector.dequeued(0.02, 0.02, empty=False)
     detector.dequeued(0.001, 0.04, empty=False)  # the queue was short a moment: a burst, not a standing queue
     detector.dequeued(0.02, 0.06, empty=False)
     for index in range(40):
-        detector.arrived(0.06 + index * 0.001)
-    detector.dequeued(0.02, 0.1, empty=False)
-    assert not detector.overloaded  # 50 ms of standing since 60 ms, not since 20 ms
-    detector.dequeued(0.02, 0.111, empty=False)
+        joins(detector, 0.07 + index * 0.001)
+    assert not detector.overloaded  # 49 ms of standing since 60 ms, not 89 since 20 ms
+    joins(detector, 0.111)
     assert detector.overloaded and detector.episodes == 1
+
+
+def test_the_counts_keep_few_buckets_whatever_the_rate() -> None:
+    detector = OverloadDetector(0.01)
+    for index in range(100_000):  # 100,000 joins in a second
+        joins(detector, index * 1e-5)
+    assert len(detector._joined._buckets) <= 2 * BUCKETS + 1
+    assert detector.rates_per_s(1.0)[0] > 50_000
 
 
 def test_higher_priority_first_and_tenants_in_turn() -> None:
@@ -220,7 +247,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
             self.holders += 1
             return
         waiter = Waiter(priority, tenant, self.now[0] + budget)
-        self.detector.arrived(self.now[0])  # as the core tells it: overload turns the line newest first
+        joins(self.detector, self.now[0])  # as the core tells it: overload turns the line newest first
         if self.limiter.queued >= self.limiter.max_queue:
             victim = self.limiter.line.evictable(priority)
             if victim is None:
