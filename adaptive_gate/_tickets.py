@@ -42,7 +42,7 @@ class Ticket:
     """One admitted request's hold on a slot, given back exactly once through `GateCore.release`."""
 
     __slots__ = (
-        "admitted_s", "busy_area_at_admission", "epoch", "serial", "alone_at_admission", "released",
+        "admitted_s", "busy_area_at_admission", "epoch", "serial", "in_flight_at_admission", "released",
         "sending_since_s", "abandoned", "units", "route", "requests",
     )  # fmt: skip
 
@@ -52,7 +52,7 @@ class Ticket:
         busy_area: float,
         epoch: int,
         serial: int,
-        alone: bool,
+        in_flight: float,
         units: float = 1,
         route: object = None,
         requests: float | None = None,
@@ -63,7 +63,7 @@ class Ticket:
         self.epoch = epoch
         # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.
         self.serial = serial
-        self.alone_at_admission = alone
+        self.in_flight_at_admission = in_flight  # units in flight with it, as it came in
         self.released = False
         # Kept by the driver: since when its response has waited on the client (None: it does not),
         # and whether it was given up for that.

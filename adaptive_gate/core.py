@@ -176,8 +176,8 @@ class GateCore(CoreAnswers):
         if weights is not None:  # only a controller that learns memory weighs routes, from these
             requests = weights.requests(route, units)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
-        alone = self.limiter.in_flight == units
-        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, alone, units, route, requests)
+        in_flight = self.limiter.in_flight
+        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests)
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
@@ -210,21 +210,30 @@ class GateCore(CoreAnswers):
         if operator is not None or controller.limit != limit:  # else _apply_limit would change nothing
             self._apply_limit(now_s)
 
-    def oom(self, ticket: Ticket, now_s: float) -> bool:
-        """A gated request ran out of memory; True when it ran alone (too large, not congestion)."""
+    def oom(self, ticket: Ticket, now_s: float, tried_bytes: int | None = None) -> bool:
+        """A gated request ran out of memory (asking for `tried_bytes`, where the error says); True
+        when it is too large: it ran alone, or asked for more than the card has beside the others'
+        bytes. Such an OOM teaches the controller nothing: no load could have avoided it."""
         limiter = self.limiter
         alone = (
             not ticket.released  # after its release the slot may be another's
-            and ticket.alone_at_admission
+            and ticket.in_flight_at_admission == ticket.units
             and ticket.serial == self.counters.admitted
             and limiter.in_flight == ticket.units
         )
+        allocation_failed = getattr(self.controller, "allocation_failed", None)  # optional in the protocol
+        too_large = alone
+        if tried_bytes is not None and allocation_failed is not None:
+            too_large = allocation_failed(tried_bytes, ticket.units) or alone
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()
-        if not alone:  # one request that does not fit even alone: cutting would only starve the others
-            self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=limiter.in_flight)
+        if not too_large:  # one request that does not fit even alone: cutting would only starve the others
+            # The level that ran out: as many as ran when it came in (its allocation may have failed
+            # then, and been told a forward pass later, with fewer in flight), or run now.
+            level = max(limiter.in_flight, ticket.in_flight_at_admission)
+            self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=level)
             self._apply_limit(now_s)
-        return alone
+        return too_large
 
     def rejected(
         self, reason: str, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None

@@ -36,7 +36,7 @@ from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
 from .diagnostics import Diagnostics
 from .limiter import Waiter
 from .metrics import GateMetrics
-from .oom import any_in_chain, is_oom
+from .oom import any_in_chain, is_oom, tried_bytes
 from .options import HEALTH_PATHS, GateOptions
 from .probes import Probe
 from .statistics import GateStatistics
@@ -224,7 +224,7 @@ class AdaptiveGate:
             if not is_oom(exc):
                 core.failed()
                 raise
-            alone = self._out_of_memory(ticket, scope)
+            alone = self._out_of_memory(ticket, scope, tried_bytes(exc))
             if response_started:
                 raise  # mid-stream: the status line is gone, the server must close the connection
             await self._answers.answer_oom(send, alone=alone)
@@ -282,10 +282,11 @@ class AdaptiveGate:
         finally:  # admitted or gone: the queue no longer holds these bytes
             self._body_budget.give_back(body.nbytes)
 
-    def _out_of_memory(self, ticket: Ticket, scope: Scope) -> bool:
-        """The core hears of the OOM, the log says it once per event; True when it ran alone."""
+    def _out_of_memory(self, ticket: Ticket, scope: Scope, tried: int | None) -> bool:
+        """The core hears of the OOM (and the allocation it names), the log says it once per event;
+        True when the request is too large (alone, or asking for more than the card holds)."""
         now_s = self._clock()
-        alone = self.core.oom(ticket, now_s)
+        alone = self.core.oom(ticket, now_s, tried)
         self.core.release(ticket, now_s, Outcome.OOM)
         self._answers.log_oom(ticket, scope, alone=alone)
         return alone

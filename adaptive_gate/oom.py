@@ -13,6 +13,7 @@ very GPU tensors whose memory ran out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 _OOM_CLASS_NAMES = frozenset({"OutOfMemoryError", "OutOfMemory"})
@@ -32,11 +33,33 @@ _OOM_MESSAGES = (
 )
 
 _MAX_EXCEPTIONS_VISITED = 64
+# torch's allocator: "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity ..."
+_TRIED = re.compile(r"tried to allocate (\d+(?:\.\d+)?) ?(b|kib|mib|gib|tib)\b", re.IGNORECASE)
+_UNIT_BYTES = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def is_oom(exc: BaseException) -> bool:
     """Whether `exc`, or an exception it was raised from or groups, is a device out-of-memory."""
     return any_in_chain(exc, _looks_like_oom)
+
+
+def tried_bytes(exc: BaseException) -> int | None:
+    """The allocation an OOM names ("Tried to allocate 20.00 GiB", as torch's allocator says), in
+    bytes; None where no exception in the chain names one. It tells an OOM that no load could have
+    avoided (more than the card has beside the others) from one that too many at once caused."""
+    found: list[int] = []
+
+    def names_one(current: BaseException) -> bool:
+        try:
+            match = _TRIED.search(str(current))
+        except Exception:  # a broken __str__ names nothing
+            return False
+        if match is not None:
+            found.append(round(float(match.group(1)) * _UNIT_BYTES[match.group(2).lower()]))
+        return match is not None
+
+    any_in_chain(exc, names_one)
+    return found[0] if found else None
 
 
 def any_in_chain(exc: BaseException, predicate: Callable[[BaseException], bool]) -> bool:

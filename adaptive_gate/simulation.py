@@ -31,6 +31,7 @@ from .testing import Allocation, SimulatedGPU
 __all__ = ["Phase", "SimulationResult", "simulate"]
 
 NEIGHBOUR_PERIOD_S = 0.01  # how often a greedy neighbour looks for free memory
+CLIENT_PAUSE_S = 0.01  # a closed-loop client's pause before it asks again after a refusal (a round trip)
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,9 @@ class Phase:
     """From `start_s` on: arrivals per second, bytes and seconds of work per request, a neighbour."""
 
     start_s: float
-    rate_per_s: float
+    rate_per_s: float  # open loop (ignored where `simulate` is given closed-loop `clients`)
     request_bytes: int | Callable[[random.Random], int]  # a size, or a draw per request (mixed sizes)
-    work_s: float
+    work_s: float | Callable[[random.Random], float]  # seconds of work, or a draw per request (jitter)
     neighbour_bytes: int = 0
     # > 0: a greedy neighbour, which takes this much more every 10 ms while it is free, up to `neighbour_bytes`
     neighbour_step_bytes: int = 0
@@ -57,10 +58,12 @@ class SimulationResult:
     ooms: int = 0
     rejected: int = 0
     timed_out: int = 0
+    crashed: int = 0  # requests lost to a worker that went down (`crash_s`)
+    too_large: int = 0  # of the OOMs, those the gate called too large (no load could have avoided them)
     latencies_s: list[float] = field(default_factory=list)
     oom_times_s: list[float] = field(default_factory=list)
     # With record=True: what the core was told, in order, as (time, event, request id, detail):
-    # ("arrive", id, None), ("start", id, "oom" | "ok"), ("oom", id, None) when it runs out,
+    # ("arrive", id, None), ("start", id, "oom" | "ok"), ("oom", id, the bytes it asked for) when it runs out,
     # ("finish", id, None), ("sample", -1, MemorySample)
     events: list[tuple[float, str, int, object]] = field(default_factory=list)
     # (time, old limit, new limit, reason) for every change of the limit
@@ -86,6 +89,7 @@ class _Request:
     work_s: float
     units: float = 1
     route: str | None = None
+    client: int | None = None  # the closed-loop client that sent it
     remaining_s: float = 0.0
     doomed: bool = False  # it will run out of memory when its remaining work is done
     ticket: Ticket | None = None
@@ -110,11 +114,25 @@ def simulate(
     seed: int = 0,
     record: bool = False,
     oom_after_fraction: float = 0.0,
+    crash_s: float = 0.0,
+    clients: int | None = None,
+    gpu: SimulatedGPU | None = None,
 ) -> SimulationResult:
     """`oom_after_fraction`: how far into its work a request that does not fit runs out of memory
-    (0: at once; the work done until then is lost, and its slot held)."""
+    (0: at once; the work done until then is lost, and its slot held). `crash_s` > 0: an OOM takes
+    the worker down for so long, as a CUDA error that poisons the context does: the requests it ran
+    then and those admitted meanwhile fail (`crashed`). `clients`: a closed loop of so many clients,
+    each sending its next request when its last one is answered (`CLIENT_PAUSE_S` after a refusal),
+    instead of the phases' Poisson arrivals. `gpu`: the card to run on (by default a new one of
+    `total_bytes`, `baseline_bytes` of it taken), for a caller that looks at it while it runs."""
+    if crash_s < 0 or (clients is not None and clients < 1):
+        raise ValueError(f"need crash_s >= 0 and clients None or >= 1, got {crash_s} and {clients}")
     run = _Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
+    if gpu is not None:
+        run.gpu = gpu
     run.oom_after_fraction = oom_after_fraction
+    run.crash_s = crash_s
+    run.clients = clients
     run.core = GateCore(
         controller or AIMD(),
         min_limit=min_limit,
@@ -132,6 +150,9 @@ def simulate(
 class _Run:
     core: GateCore
     oom_after_fraction = 0.0
+    crash_s = 0.0
+    clients: int | None = None
+    down_until_s = -math.inf
 
     def __init__(
         self,
@@ -178,7 +199,11 @@ class _Run:
 
     def run(self) -> SimulationResult:
         self.schedule(0.0, "sample")  # the sampler starts with the service, before the first request
-        self.schedule(0.0, "arrival")
+        if self.clients is None:
+            self.schedule(0.0, "arrival")
+        else:
+            for client in range(self.clients):
+                self.schedule(client * CLIENT_PAUSE_S / self.clients, "arrival", client)
         for phase in self.phases:
             self.schedule(phase.start_s, "phase", phase)
         handlers: dict[str, Callable[[object], None]] = {
@@ -237,16 +262,19 @@ class _Run:
         self.gpu.grow_neighbour(payload.neighbour_step_bytes, payload.neighbour_bytes)
         self.schedule(self.now_s + NEIGHBOUR_PERIOD_S, "neighbour", payload)
 
-    def on_arrival(self, _: object) -> None:
+    def on_arrival(self, client: object) -> None:
         phase = self.phase()
-        if phase.rate_per_s <= 0:
-            self.schedule(self.now_s + 0.1, "arrival")
-            return
-        self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
+        if client is None:  # open loop: the next arrival is drawn now
+            if phase.rate_per_s <= 0:
+                self.schedule(self.now_s + 0.1, "arrival")
+                return
+            self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
+        assert client is None or isinstance(client, int)
         nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
+        work_s = phase.work_s if isinstance(phase.work_s, int | float) else phase.work_s(self.random)
         route = None if phase.route is None else phase.route(nbytes)
         units = self.core.weigh(route, 1 if phase.cost is None else units_of_cost(phase.cost(nbytes)))
-        request = _Request(next(self.ids), self.now_s, nbytes, phase.work_s, units, route)
+        request = _Request(next(self.ids), self.now_s, nbytes, work_s, units, route, client)
         self.told("arrive", request.id)
         admission = self.core.arrive(self.queue_timeout_s, units=units, route=route)
         if admission is ADMITTED:
@@ -254,14 +282,23 @@ class _Run:
         elif isinstance(admission, str):
             self.core.rejected(admission)
             self.result.rejected += 1
+            self.answered(request, refused=True)
         else:
             request.waiter = admission
             self.waiting[admission] = request
             self.schedule(self.now_s + self.queue_timeout_s, "deadline", request)
             self.start_granted()
 
+    def answered(self, request: _Request, *, refused: bool = False) -> None:
+        """A closed-loop client has its answer: it sends its next request."""
+        if request.client is not None:
+            self.schedule(self.now_s + (CLIENT_PAUSE_S if refused else 0.0), "arrival", request.client)
+
     def start(self, request: _Request) -> None:
         request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s, request.units, request.route)
+        if self.now_s < self.down_until_s:
+            self.crashed(request)  # the worker is restarting: whatever it is sent fails
+            return
         try:
             request.allocation = self.gpu.allocate(request.nbytes).__enter__()
         except RuntimeError:
@@ -279,14 +316,35 @@ class _Run:
 
     def out_of_memory(self, request: _Request) -> None:
         assert request.ticket is not None
-        self.told("oom", request.id)
+        self.told("oom", request.id, request.nbytes)
         self.result.ooms += 1
         self.result.rejected += 1
         self.result.oom_times_s.append(self.now_s)
-        alone = self.core.oom(request.ticket, self.now_s)
+        # The error names the allocation that failed, as torch's does ("Tried to allocate ..."):
+        # the middleware reads it from the message (`oom.tried_bytes`), here it is the request's size.
+        too_large = self.core.oom(request.ticket, self.now_s, tried_bytes=request.nbytes)
         self.core.release(request.ticket, self.now_s, Outcome.OOM)
-        self.core.rejected("too_large" if alone else "oom")
+        self.core.rejected("too_large" if too_large else "oom")
+        self.result.too_large += too_large
+        self.answered(request, refused=True)
+        if self.crash_s > 0 and self.now_s >= self.down_until_s:
+            self.down_until_s = self.now_s + self.crash_s
+            self.next_completion = None
+            self.gpu.restart()  # a new process: the probe's OOM count starts again
+            for running in list(self.running):
+                self.running.remove(running)
+                self.crashed(running)
         self.start_granted()
+
+    def crashed(self, request: _Request) -> None:
+        """Lost with the worker: its memory is freed with the process, and the gate sees a failure."""
+        assert request.ticket is not None
+        if request.allocation is not None:
+            request.allocation.release()
+            request.allocation = None
+        self.result.crashed += 1
+        self.core.release(request.ticket, self.now_s, Outcome.FAILED)
+        self.answered(request, refused=True)
 
     def on_completion(self, payload: object) -> None:
         assert isinstance(payload, _Request)
@@ -304,6 +362,7 @@ class _Run:
         self.result.latencies_s.append(self.now_s - payload.arrived_s)
         assert payload.ticket is not None
         self.core.release(payload.ticket, self.now_s, Outcome.COMPLETED)
+        self.answered(payload)
         self.start_granted()
 
     def on_deadline(self, payload: object) -> None:
@@ -316,6 +375,7 @@ class _Run:
         self.core.rejected("deadline", timed_out=True)
         self.result.timed_out += 1
         self.result.rejected += 1
+        self.answered(payload, refused=True)
         self.start_granted()
 
     def on_sample(self, _: object) -> None:

@@ -97,7 +97,8 @@ class SimulatedGPU:
         self._lock = threading.Lock()
         self._random = random.Random(seed)
         self._used_bytes = baseline_bytes
-        self._neighbour_bytes = 0
+        self._neighbour_bytes = 0  # what the neighbour holds
+        self._neighbour_wanted_bytes = 0  # what it asked for: it takes the rest as memory frees
         self._oom_count = 0
         self._peak_bytes = baseline_bytes
         self._computing = 0
@@ -124,9 +125,13 @@ class SimulatedGPU:
 
     def sample(self) -> MemorySample:
         with self._lock:
-            # A neighbour set larger than the room left takes what there is, as a real one would.
-            used_bytes = min(self.total_bytes, self._used_bytes + self._neighbour_bytes)
-            return MemorySample(used_bytes, self.total_bytes, self._oom_count)
+            return MemorySample(self._used_bytes + self._neighbour_bytes, self.total_bytes, self._oom_count)
+
+    def restart(self) -> None:
+        """The process that holds the model started afresh (a CUDA error poisoned the old one): its
+        allocator's statistics, the OOM count among them, start again from zero."""
+        with self._lock:
+            self._oom_count = 0
 
     def allocate(self, nbytes: int) -> Allocation:
         """`with gpu.allocate(n): ...` holds n bytes for the block; raises an OOM if they don't fit."""
@@ -135,12 +140,23 @@ class SimulatedGPU:
         return Allocation(self, nbytes)
 
     def set_neighbour(self, nbytes: int) -> None:
-        """Another process on the card now holds `nbytes` (0: it left)."""
+        """Another process on the card now wants `nbytes` (0: it left). It takes what is free now and
+        the rest as memory frees, before anyone else (a process that retries its allocation), so the
+        card never holds more than it has: a reading shows what is really held."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         with self._lock:
-            self._neighbour_bytes = nbytes
-            self._peak_bytes = max(self._peak_bytes, self._used_bytes + nbytes)
+            self._neighbour_wanted_bytes = nbytes
+            self._neighbour_bytes = min(self._neighbour_bytes, nbytes)
+            self._top_up_neighbour()
+
+    def _top_up_neighbour(self) -> None:
+        """Under the lock: the neighbour takes what it still wants of the free memory."""
+        free_bytes = self.total_bytes - self._used_bytes - self._neighbour_bytes
+        missing_bytes = self._neighbour_wanted_bytes - self._neighbour_bytes
+        if missing_bytes > 0 and free_bytes > 0:
+            self._neighbour_bytes += min(missing_bytes, free_bytes)
+            self._peak_bytes = max(self._peak_bytes, self._used_bytes + self._neighbour_bytes)
 
     def grow_neighbour(self, step_bytes: int, up_to_bytes: int) -> bool:
         """A greedy neighbour (another process's caching allocator) takes `step_bytes` more while that
@@ -152,6 +168,7 @@ class SimulatedGPU:
             if free_bytes < step_bytes or self._neighbour_bytes + step_bytes > up_to_bytes:
                 return False
             self._neighbour_bytes += step_bytes
+            self._neighbour_wanted_bytes = self._neighbour_bytes
             self._peak_bytes = max(self._peak_bytes, self._used_bytes + self._neighbour_bytes)
             return True
 
@@ -183,6 +200,7 @@ class SimulatedGPU:
     def _give(self, nbytes: int) -> None:
         with self._lock:
             self._used_bytes -= nbytes
+            self._top_up_neighbour()
 
     # -- compute --------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ class CrashSimulator:
         self.world = world
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.world.scenario.crash_on_oom:
+        if scope["type"] != "http" or self.world.scenario.crash_s <= 0:
             await self.app(scope, receive, send)
             return
         if time.monotonic() < self.world.down_until_s:

@@ -12,10 +12,9 @@ it computes (processor sharing past the card's knee). Only what stands in front 
 
 Clients send their deadline in `x-envoy-expected-rq-timeout-ms` and give up when it passes;
 goodput counts the successes that came back within it. An OOM strikes 30% into a request's work
-(activations grow through a forward pass), so a failed request has used the card for nothing. In
-crash mode an OOM takes the worker down
-for `restart_s`, as an unrecoverable CUDA error does in production: requests in flight then and
-arriving meanwhile fail.
+(activations grow through a forward pass), so a failed request has used the card for nothing.
+Where the scenario has a `crash_s`, an OOM takes the worker down for that long, as an
+unrecoverable CUDA error does in production: requests in flight then and arriving meanwhile fail.
 """
 
 from __future__ import annotations
@@ -147,23 +146,24 @@ class World:
         @app.post("/infer", tags=["gpu"])
         def infer(request: Request) -> dict[str, bool]:
             nbytes = int(request.headers["x-request-bytes"])
+            work_s = float(request.headers["x-work-s"])
             world.running += 1
             try:
                 try:
                     allocation = world.gpu.allocate(nbytes).__enter__()
                 except RuntimeError:
                     # A forward pass runs out of memory part-way: the work done until then is lost.
-                    world.gpu.compute(OOM_AFTER_FRACTION * world.scenario.work_s)
+                    world.gpu.compute(OOM_AFTER_FRACTION * work_s)
                     raise
                 try:
-                    world.gpu.compute(world.scenario.work_s)
+                    world.gpu.compute(work_s)
                 finally:
                     allocation.release()
             except RuntimeError:
                 world.oom_times_s.append(world.elapsed_s())
-                if world.scenario.crash_on_oom:
+                if world.scenario.crash_s > 0:
                     world.crashes += 1
-                    world.down_until_s = time.monotonic() + RESTART_S
+                    world.down_until_s = time.monotonic() + world.scenario.crash_s
                 raise
             finally:
                 world.running -= 1
@@ -178,7 +178,11 @@ class World:
         """What a client sends: the path, its deadline, its size (which the app allocates) and what
         it weighs."""
         nbytes = self.phase.request_bytes(self.random)
-        headers = {"x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000)), "x-request-bytes": str(nbytes)}
+        headers = {
+            "x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000)),
+            "x-request-bytes": str(nbytes),
+            "x-work-s": str(self.scenario.work(self.random)),
+        }
         if self.scenario.cost is not None:
             headers["x-cost"] = str(self.scenario.cost(nbytes))
         return ("/infer" if self.scenario.route is None else self.scenario.route(nbytes)), headers
@@ -211,7 +215,6 @@ class World:
         return (round(self.elapsed_s(), 2), limit, self.running, queued, self.gpu.used_bytes)
 
 
-RESTART_S = 2.0
 OOM_AFTER_FRACTION = 0.3
 DEADLINE_S = 5.0
 

@@ -43,7 +43,15 @@ class Scenario:
     work_s: float = 0.1
     knee: float = 6.0
     capacity_per_s: float = 50.0  # what fits at once on the nominal card, over work_s
-    crash_on_oom: bool = False
+    # > 0: an OOM takes the worker down for so long (a CUDA error that poisons the context)
+    crash_s: float = 0.0
+    # True: each request's work is drawn around `work_s` (noise that does not depend on concurrency)
+    jitter: bool = False
     cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
     route: Callable[[int], str] | None = None  # the path a request of so many bytes takes (None: /infer)
     lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)
+
+    def work(self, rng: random.Random) -> float:
+        """One request's seconds of work: `work_s`, or with jitter a draw from half of it up, with
+        `work_s` as the mean (a pause of the event loop, a slow input: more at once is no slower)."""
+        return self.work_s * (0.5 + rng.expovariate(2.0)) if self.jitter else self.work_s

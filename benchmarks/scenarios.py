@@ -17,6 +17,11 @@ def cost_in_small_requests(nbytes: int) -> float:
     return nbytes / (1.5 * GiB)
 
 
+def now_and_then_too_large(rng: random.Random) -> int:
+    """One request in twelve asks for 20 GiB, which no card of 24 GiB with 8 GiB of weights holds."""
+    return 20 * GiB if rng.random() < 1 / 12 else 3 * GiB
+
+
 def route_by_size(nbytes: int) -> str:
     """The mixed-routes scenario: large requests have an endpoint of their own (a batch route, say)."""
     return "/infer/large" if nbytes > 3 * GiB else "/infer"
@@ -43,17 +48,20 @@ SCENARIOS: dict[str, Scenario] = {
             "neighbour",
             "classic; a neighbour process takes 6 GiB for the middle third (three fit), then leaves",
             [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB), Phase(2 / 3, THREE_GIB)],
+            crash_s=1.0,
         ),
         Scenario(
             "neighbour-greedy",
             "classic; for the middle third a neighbour grows in 512 MiB steps whenever that much is free, "
             "as a second PyTorch process's caching allocator does, up to 6 GiB (three fit), then leaves",
             [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB, GiB // 2), Phase(2 / 3, THREE_GIB)],
+            crash_s=1.0,
         ),
         Scenario(
             "growth",
             "classic, then inputs that need 6 GiB from half-way on (two fit)",
             [Phase(0.0, THREE_GIB), Phase(0.5, Size(6 * GiB))],
+            crash_s=1.0,
         ),
         Scenario(
             "mixed",
@@ -78,13 +86,49 @@ SCENARIOS: dict[str, Scenario] = {
             "classic-crash",
             "classic, where an OOM kills the worker for 2 s (as an unrecoverable CUDA error does)",
             [Phase(0.0, THREE_GIB)],
-            crash_on_oom=True,
+            crash_s=2.0,
         ),
         Scenario(
             "no-lifespan",
             "classic, served without a lifespan (TestClient without `with`, uvicorn --lifespan off)",
             [Phase(0.0, THREE_GIB)],
             lifespan=False,
+        ),
+        Scenario(
+            "exact-fit",
+            "classic; a neighbour takes 7 GiB for the middle third, so that three fit with nothing to spare",
+            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 7 * GiB), Phase(2 / 3, THREE_GIB)],
+            crash_s=1.0,
+        ),
+        Scenario(
+            "small-card",
+            "a 16 GiB card, 4 GiB of weights, 2 GiB per request (six fit); a neighbour takes 5 GiB for the "
+            "middle third (three fit)",
+            [Phase(0.0, Size(2 * GiB)), Phase(1 / 3, Size(2 * GiB), 5 * GiB), Phase(2 / 3, Size(2 * GiB))],
+            total_bytes=16 * GiB,
+            weights_bytes=4 * GiB,
+            capacity_per_s=60.0,
+            crash_s=1.0,
+        ),
+        Scenario(
+            "shrink",
+            "inputs that need 6 GiB (two fit), then 3 GiB from half-way on (five fit)",
+            [Phase(0.0, Size(6 * GiB)), Phase(0.5, THREE_GIB)],
+            capacity_per_s=20.0,
+            crash_s=1.0,
+        ),
+        Scenario(
+            "jitter",
+            "classic, where each request's time varies (half of 0.1 s and up) whatever runs beside it: "
+            "latency noise that more at once does not cause",
+            [Phase(0.0, THREE_GIB)],
+            knee=math.inf,
+            jitter=True,
+        ),
+        Scenario(
+            "too-large",
+            "classic, where one request in twelve asks for 20 GiB, which never fits, even alone",
+            [Phase(0.0, now_and_then_too_large)],
         ),
     ]
 }

@@ -1,29 +1,52 @@
 """`python -m benchmarks.virtual`: the scenarios on virtual time, through the gate's own core.
 
 The same scenarios as `python -m benchmarks`, replayed by `adaptive_gate.simulation` (the core the
-middleware drives, a simulated card, Poisson arrivals) instead of real clients and threads: minutes
-of traffic in a second, the same seed giving the same run. So it can run long phases and many
-policies, and its ranks are exact rather than noisy. Policies: static-N (`Fixed(N)`), the oracle
-(a limit set to what fits the very moment the card changes), and adaptive (the default `AIMD`).
-Where sizes are drawn, the oracle is a byte budget that knows each request's size.
+middleware drives, a simulated card, Poisson arrivals or a closed loop of clients) instead of real
+clients and threads: minutes of traffic in a second, the same seed giving the same run. So it can
+run every scenario under every policy, and its ranks are exact rather than noisy. Policies:
+
+* static-N: `Fixed(N)`, the hand-tuned semaphore;
+* oracle: a semaphore resized to what fits the very moment the card changes (it knows the future;
+  where sizes are drawn, a byte budget that knows each request's size and the card's whole room);
+* reader: a byte budget resized from each memory reading at the gate's sample period, knowing each
+  request's exact bytes (the others' bytes are the reading less those in flight): the best any gate
+  that reads the card can do;
+* adaptive: the default `AIMD`, told nothing (in mixed-cost, what each request weighs).
+
+Where the card changes, an OOM takes the worker down for the scenario's `crash_s`. Every row gives
+adaptive against the reader, the oracle and the best static-N, and for a neighbour that leaves, how
+long the limit took to reach the new fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from adaptive_gate.control import AIMD, Controller, Fixed
+from adaptive_gate.memory import MemorySample
 from adaptive_gate.simulation import Phase, SimulationResult, simulate
 from adaptive_gate.status import percentiles_ms
+from adaptive_gate.testing import SimulatedGPU
 
+from .environment import environment
 from .harness import OOM_AFTER_FRACTION, GiB, Scenario
-from .scenarios import FULL_PLAN, LOADS, SCENARIOS, oracle_limits
+from .scenarios import SCENARIOS, Size, oracle_limits
 
 STATICS = [1, 2, 3, 4, 5, 6]
 DEADLINE_S = 5.0
+LOADS = {"2x": (2.0, None), "closed-32": (None, 32)}  # open loop at twice the capacity; 32 clients
+RESULTS = Path(__file__).parent / "results" / "virtual.json"
+
+
+def in_gib(nbytes: int) -> float:
+    """What a request weighs to a byte budget counted in GiB."""
+    return nbytes / GiB
 
 
 class Oracle(Fixed):
@@ -45,6 +68,27 @@ class Oracle(Fixed):
         return {"controller": "oracle", "bound": "controller"}
 
 
+class Reader(Fixed):
+    """A byte budget in GiB (requests weigh their size, `in_gib`), resized at each reading to the room
+    the card has beside the others' bytes: the reading less the exact bytes our requests hold then
+    (the weights and what the neighbour holds, read off the simulated card)."""
+
+    def __init__(self, gpu: SimulatedGPU, weights_bytes: int) -> None:
+        super().__init__(1)
+        self.gpu, self.weights_bytes = gpu, weights_bytes
+
+    @property
+    def reason(self) -> str:
+        return "reader"
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+        others_bytes = self.weights_bytes + self.gpu.neighbour_bytes
+        self._limit = self._clamp(math.floor((sample.total_bytes - others_bytes) / GiB + 1e-9))
+
+    def describe(self) -> dict[str, Any]:
+        return {"controller": "reader", "bound": "controller"}
+
+
 @dataclass
 class Row:
     policy: str
@@ -52,18 +96,22 @@ class Row:
     ooms: int
     timed_out: int
     p99_ms: float | None
+    recovery_s: float | None = None  # after a neighbour left: until the limit reached the new fit
+    too_large: int = 0  # of the OOMs, those of requests that never fit, even alone
+    cuts: int = 0  # times the limit went down
 
 
 def phases_of(
     scenario: Scenario, rate_per_s: float, duration_s: float, cost: Callable[[int], float] | None
 ) -> list[Phase]:
     """The scenario's phases in seconds, where requests weigh what `cost` says (None: 1 each)."""
+    work: float | Callable[[Any], float] = scenario.work if scenario.jitter else scenario.work_s
     return [
         Phase(
             p.at_fraction * duration_s,
             rate_per_s,
             p.request_bytes,
-            scenario.work_s,
+            work,
             p.neighbour_bytes,
             p.neighbour_step_bytes,
             cost,
@@ -76,11 +124,14 @@ def phases_of(
 def one_run(
     scenario: Scenario,
     controller: Controller,
-    rate_per_s: float,
+    load: str,
     duration_s: float,
     seed: int,
     cost: Callable[[int], float] | None = None,
+    gpu: SimulatedGPU | None = None,
 ) -> SimulationResult:
+    multiple, clients = LOADS[load]
+    rate_per_s = (multiple or 0.0) * scenario.capacity_per_s
     return simulate(
         phases_of(scenario, rate_per_s, duration_s, cost),
         total_bytes=scenario.total_bytes,
@@ -91,63 +142,107 @@ def one_run(
         knee=scenario.knee,
         seed=seed,
         oom_after_fraction=OOM_AFTER_FRACTION,
+        crash_s=scenario.crash_s,
+        clients=clients,
+        gpu=gpu,
     )
 
 
-def row(policy: str, result: SimulationResult) -> Row:
+def recovery_s(scenario: Scenario, result: SimulationResult, duration_s: float) -> float | None:
+    """Where a neighbour leaves: seconds until the limit (in requests) first reached what fits then
+    (the whole rest of the phase where it never did); None where no neighbour leaves."""
+    recovered: list[float] = []
+    for before, phase in zip(scenario.phases, scenario.phases[1:], strict=False):
+        if not (phase.neighbour_bytes < before.neighbour_bytes and isinstance(phase.request_bytes, Size)):
+            continue
+        fit = (scenario.total_bytes - scenario.weights_bytes - phase.neighbour_bytes) // phase.request_bytes.nbytes
+        start_s = phase.at_fraction * duration_s
+        reached = [t for t, limit, *_ in result.series if t >= start_s and limit >= fit]
+        recovered.append((reached[0] if reached else duration_s) - start_s)
+    return max(recovered) if recovered else None
+
+
+def row(policy: str, result: SimulationResult, recovered_s: float | None = None) -> Row:
     in_time = [latency_s for latency_s in result.latencies_s if latency_s <= DEADLINE_S]
     percentiles = percentiles_ms(in_time)
     p99_ms = None if percentiles is None else percentiles["p99"]
-    return Row(policy, round(len(in_time) / result.duration_s, 2), result.ooms, result.timed_out, p99_ms)
+    goodput = round(len(in_time) / result.duration_s, 2)
+    recovered = None if recovered_s is None else round(recovered_s, 2)
+    cuts = sum(1 for _, old, new, _ in result.limit_changes if new < old)
+    return Row(policy, goodput, result.ooms, result.timed_out, p99_ms, recovered, result.too_large, cuts)
 
 
-def compare(name: str, load: str, duration_s: float, seed: int = 1) -> list[Row]:
+def compare(
+    name: str, load: str, duration_s: float, seed: int = 1, controller: Callable[[], Controller] = AIMD
+) -> list[Row]:
+    """Every policy on one scenario and load, in one process: static-1..6, oracle, reader, adaptive
+    (`controller()`, the default `AIMD` unless told otherwise: an ablation passes its variant)."""
     scenario = SCENARIOS[name]
-    multiple, clients = LOADS[load]
-    if multiple is None:
-        raise ValueError(f"virtual time runs open loops only, not {load}")
-    rate_per_s = multiple * scenario.capacity_per_s
-    rows = [row(f"static-{n}", one_run(scenario, Fixed(n), rate_per_s, duration_s, seed)) for n in STATICS]
+    rows = [row(f"static-{n}", one_run(scenario, Fixed(n), load, duration_s, seed)) for n in STATICS]
     limits = oracle_limits(scenario)
     if limits is None:
         # Drawn sizes: a byte budget that knows each one, counted in GiB, with the card's whole room.
         room_gib = (scenario.total_bytes - scenario.weights_bytes) // GiB
-        oracle = one_run(scenario, Fixed(room_gib), rate_per_s, duration_s, seed, cost=lambda nbytes: nbytes / GiB)
+        oracle = one_run(scenario, Fixed(room_gib), load, duration_s, seed, cost=in_gib)
     else:
-        oracle = one_run(scenario, Oracle([(at * duration_s, n) for at, n in limits]), rate_per_s, duration_s, seed)
+        oracle = one_run(scenario, Oracle([(at * duration_s, n) for at, n in limits]), load, duration_s, seed)
     rows.append(row("oracle", oracle))
-    rows.append(row("adaptive", one_run(scenario, AIMD(), rate_per_s, duration_s, seed, cost=scenario.cost)))
+    card = SimulatedGPU(scenario.total_bytes, baseline_bytes=scenario.weights_bytes)
+    reader = Reader(card, scenario.weights_bytes)
+    rows.append(row("reader", one_run(scenario, reader, load, duration_s, seed, cost=in_gib, gpu=card)))
+    adaptive = one_run(scenario, controller(), load, duration_s, seed, cost=scenario.cost)
+    rows.append(row("adaptive", adaptive, recovery_s(scenario, adaptive, duration_s)))
     return rows
 
 
-# The full plan's open loops, for the scenarios the simulator models (not a worker killed by an
-# OOM, not a service without a lifespan).
-PLAN = {
-    name: [load for load in loads if LOADS[load][0] is not None]
-    for name, loads in FULL_PLAN.items()
-    if not SCENARIOS[name].crash_on_oom and SCENARIOS[name].lifespan
-}
+def summary(rows: list[Row]) -> dict[str, Any]:
+    """Adaptive against the reader, the oracle and the best static-N, and the OOMs of both."""
+    by_policy = {r.policy: r for r in rows}
+    adaptive, reader, oracle = by_policy["adaptive"], by_policy["reader"], by_policy["oracle"]
+    best = max((r for r in rows if r.policy.startswith("static-")), key=lambda r: r.goodput_per_s)
+    return {
+        "adaptive_per_s": adaptive.goodput_per_s,
+        "vs_reader": round(adaptive.goodput_per_s / reader.goodput_per_s, 3),
+        "vs_oracle": round(adaptive.goodput_per_s / oracle.goodput_per_s, 3),
+        "vs_best_static": round(adaptive.goodput_per_s / best.goodput_per_s, 3),
+        "best_static": best.policy,
+        "adaptive_ooms": adaptive.ooms - adaptive.too_large,
+        "reader_ooms": reader.ooms - reader.too_large,
+        "too_large": adaptive.too_large,
+        "adaptive_cuts": adaptive.cuts,
+        "recovery_s": adaptive.recovery_s,
+    }
+
+
+PLAN = {name: list(LOADS) for name, scenario in SCENARIOS.items() if scenario.lifespan}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.virtual", description=__doc__)
-    parser.add_argument("--duration", type=float, default=120.0, help="virtual seconds per run (default 120)")
+    parser.add_argument("--duration", type=float, default=30.0, help="virtual seconds per run (default 30)")
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", choices=sorted(PLAN), help="run only these scenarios")
+    parser.add_argument("--no-save", action="store_true", help=f"print only; do not write {RESULTS.name}")
     args = parser.parse_args()
+    table: list[dict[str, Any]] = []
     for name, loads in PLAN.items():
         if args.only and name not in args.only:
             continue
         for load in loads:
-            rows = compare(name, load, args.duration)
-            by_policy = {r.policy: r for r in rows}
-            oracle, adaptive = by_policy["oracle"], by_policy["adaptive"]
-            best = max((r for r in rows if r.policy.startswith("static-")), key=lambda r: r.goodput_per_s)
+            rows = compare(name, load, args.duration, args.seed)
+            figures = summary(rows)
+            table.append({"scenario": name, "load": load, **figures, "rows": [asdict(r) for r in rows]})
             print(
-                f"{name:16} {load:5} adaptive {adaptive.goodput_per_s:6.2f}/s ooms {adaptive.ooms:3}  "
-                f"oracle {oracle.goodput_per_s:6.2f} ({adaptive.goodput_per_s / oracle.goodput_per_s:.2f}x)  "
-                f"best {best.policy} {best.goodput_per_s:6.2f} ({adaptive.goodput_per_s / best.goodput_per_s:.2f}x)  "
-                f"oracle / best static {oracle.goodput_per_s / best.goodput_per_s:.2f}x"
+                f"{name:16} {load:9} adaptive {figures['adaptive_per_s']:6.2f}/s "
+                f"reader {figures['vs_reader']:.3f}x oracle {figures['vs_oracle']:.3f}x "
+                f"best {figures['best_static']} {figures['vs_best_static']:.3f}x  "
+                f"ooms {figures['adaptive_ooms']} (reader {figures['reader_ooms']}, too large {figures['too_large']})"
+                + ("" if figures["recovery_s"] is None else f"  back in {figures['recovery_s']:.2f} s")
             )
+    if not args.no_save and not args.only:
+        command = f"python -m benchmarks.virtual --duration {args.duration:g} --seed {args.seed}"
+        document = {"environment": environment(), "command": command, "duration_s": args.duration, "table": table}
+        RESULTS.write_text(json.dumps(document, indent=1) + "\n")
 
 
 if __name__ == "__main__":

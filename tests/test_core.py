@@ -17,7 +17,7 @@ GiB = 2**30
 
 def core_at(now: list[float], **kwargs: object) -> GateCore:
     return GateCore(
-        AIMD(knee_gain=0),
+        AIMD(),
         min_limit=1,
         max_limit=16,
         initial_limit=kwargs.pop("initial_limit", 8),  # type: ignore[arg-type]
@@ -121,7 +121,7 @@ class CoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.now = [0.0]
         self.core = GateCore(
-            AIMD(knee_gain=0), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
+            AIMD(), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
             clock=lambda: self.now[0],
         )  # fmt: skip
         self.running: list[Ticket] = []

@@ -194,7 +194,7 @@ async def test_put_limits_refuses_a_huge_body_and_other_methods() -> None:
 
 
 async def test_the_controller_does_not_creep_while_the_operator_holds_the_limit_down() -> None:
-    app, held = gated_app(admin_token=TOKEN, controller=AIMD(knee_gain=0), max_queue=64)
+    app, held = gated_app(admin_token=TOKEN, controller=AIMD(), max_queue=64)
     gate_limit_seen = []
     async with client_for(app) as client:
         await client.put("/gate/limits", json={"max_limit": 2}, headers=AUTH)
@@ -260,7 +260,7 @@ async def test_health_paths_are_never_gated_even_when_every_request_is() -> None
 async def test_one_structured_log_line_per_limit_change_and_none_per_request(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app, held = gated_app(controller=AIMD(knee_gain=0), max_queue=64)
+    app, held = gated_app(controller=AIMD(), max_queue=64)
     held.go.set()
     caplog.set_level(logging.INFO, logger="adaptive_gate")
     async with client_for(app) as client:

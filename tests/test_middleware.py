@@ -286,7 +286,7 @@ async def test_other_errors_propagate_and_free_the_slot() -> None:
 
 async def test_client_errors_do_not_grow_the_limit() -> None:
     app = FastAPI()
-    app.add_middleware(AdaptiveGate, probe=None, controller=AIMD(knee_gain=0))
+    app.add_middleware(AdaptiveGate, probe=None, controller=AIMD())
 
     @app.post("/infer", tags=["gpu"])
     def infer(n: int) -> dict[str, int]:

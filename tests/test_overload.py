@@ -318,7 +318,7 @@ class ClassedCoreMachine(CoreMachine):
     def __init__(self) -> None:
         super().__init__()
         self.core = GateCore(
-            AIMD(knee_gain=0), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
+            AIMD(), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
             clock=lambda: self.now[0], classes=True, overload="lifo", priority_aging_s=0.5,
         )  # fmt: skip
         self.arrivals = 0

@@ -125,8 +125,8 @@ def test_the_core_weighs_routes_by_what_their_requests_hold_and_gives_back_what_
     now = [0.0]
     controller = AIMD()
     units_changed = []
-    forget = controller.knee.forget
-    controller.knee.forget = lambda: (units_changed.append(now[0]), forget())[-1]  # type: ignore[method-assign]
+    forget = controller.memory.units_changed
+    controller.memory.units_changed = lambda: (units_changed.append(now[0]), forget())[-1]  # type: ignore[method-assign]
     core = core_with(controller, now)
     sizes = {"/light": 1 * GiB, "/heavy": 4 * GiB}
     rng = random.Random(3)
@@ -214,8 +214,8 @@ def test_a_change_of_units_restarts_the_memory_models_line() -> None:
     as it has a line's worth of them."""
     from adaptive_gate.memory_model import MemoryModel
 
-    def feed(model: MemoryModel, start_s: float, slots_per_request: float) -> None:
-        for i in range(12):
+    def feed(model: MemoryModel, start_s: float, slots_per_request: float, readings: int = 12) -> None:
+        for i in range(readings):
             requests = 1 + i % 5
             model.add(start_s + i * 0.1, requests * slots_per_request, BASELINE + requests * 2 * GiB, 64 * GiB)
 
@@ -225,7 +225,7 @@ def test_a_change_of_units_restarts_the_memory_models_line() -> None:
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(2 * GiB, rel=0.01)
     controller = AIMD(memory=model)
     controller.units_changed()  # a request now takes 1.25 slots of 1.6 GiB
-    feed(model, 2.0, 1.25)
+    feed(model, 2.0, 1.25, readings=20)  # the first, read against the old slot, look like the others' moves
     estimate = model.estimate()
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(1.6 * GiB, rel=0.01)
     assert estimate.baseline_bytes == pytest.approx(BASELINE, rel=0.01)

@@ -55,6 +55,17 @@ def test_neighbour_takes_memory() -> None:
     assert gpu.oom_count == 1
 
 
+def test_a_neighbour_takes_what_is_free_and_the_rest_as_it_frees() -> None:
+    gpu = SimulatedGPU(10 * GiB, baseline_bytes=2 * GiB)
+    held = gpu.allocate(6 * GiB).__enter__()
+    gpu.set_neighbour(4 * GiB)  # only 2 GiB are free: it holds those, and the reading shows them
+    assert gpu.neighbour_bytes == 2 * GiB and gpu.sample().used_bytes == 10 * GiB
+    held.release()  # it takes the rest before anyone else
+    assert gpu.neighbour_bytes == 4 * GiB and gpu.sample().used_bytes == 6 * GiB
+    gpu.set_neighbour(1 * GiB)
+    assert gpu.neighbour_bytes == 1 * GiB and gpu.used_bytes == 3 * GiB
+
+
 def test_fragmentation_fails_below_the_nominal_total() -> None:
     gpu = SimulatedGPU(10 * GiB, fragmentation=0.2, seed=1)
     failures = 0
