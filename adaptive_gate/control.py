@@ -32,6 +32,7 @@ from .memory_model import MemoryModel
 __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
 
 GiB = 2**30
+MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
 
 
 @runtime_checkable
@@ -121,8 +122,8 @@ class AIMD(_Bounds):
 
     Knobs (all keyword arguments):
 
-    * `memory=MemoryModel(target_utilisation=1.0, halflife_s=5.0)`: the model of the card; its
-      knobs are its own (how full the card may get, how fast it forgets).
+    * `memory=MemoryModel(target_utilisation=1.0)`: the model of the card; its one knob is how
+      full the card may get (below 1, a margin the OOMs need not teach).
     * `increase_step=1`: without readings, added to the limit after a window of `limit` successes
       with demand waiting.
     * `slow_start=True`: without readings, until the first cut add `increase_step` per success
@@ -130,7 +131,7 @@ class AIMD(_Bounds):
     * `oom_backoff=0.5`: without readings, the factor applied on an OOM, once per congestion event
       (errors from requests admitted before the last cut do not cut again).
     * `oom_hold_s=30.0`: without readings, how long the level that ran out is not grown into again;
-      doubled at each further OOM there, up to `max_oom_hold_s=600.0`.
+      doubled at each further OOM there, up to ten minutes (`MAX_OOM_HOLD_S`).
     """
 
     def __init__(
@@ -141,16 +142,15 @@ class AIMD(_Bounds):
         slow_start: bool = True,
         oom_backoff: float = 0.5,
         oom_hold_s: float = 30.0,
-        max_oom_hold_s: float = 600.0,
     ) -> None:
         if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
             raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
         self.increase_step = increase_step
         self.slow_start = bool(slow_start)
         self.oom_backoff = check_fraction("oom_backoff", oom_backoff, high=0.99)
-        if not 0 <= oom_hold_s <= max_oom_hold_s:
-            raise ValueError(f"need 0 <= oom_hold_s <= max_oom_hold_s, got {oom_hold_s} and {max_oom_hold_s}")
-        self.oom_hold_s, self.max_oom_hold_s = float(oom_hold_s), float(max_oom_hold_s)
+        if not 0 <= oom_hold_s <= MAX_OOM_HOLD_S:  # NaN too
+            raise ValueError(f"oom_hold_s must be within [0, {MAX_OOM_HOLD_S:g}] seconds, got {oom_hold_s}")
+        self.oom_hold_s = float(oom_hold_s)
         if memory is not None and not isinstance(memory, MemoryModel):
             raise TypeError(f"memory must be an adaptive_gate.memory_model.MemoryModel, got {memory!r}")
         self.memory = memory if memory is not None else MemoryModel()
@@ -234,10 +234,10 @@ class AIMD(_Bounds):
             return
         if epoch is not None and epoch < self._epoch:
             return  # admitted under a limit already cut for this congestion event
-        if now_s - self._last_oom_s > self.max_oom_hold_s:
+        if now_s - self._last_oom_s > MAX_OOM_HOLD_S:
             self._held_from, self._hold_s = None, self.oom_hold_s  # a long quiet spell: start afresh
         if self._held_from is not None and level >= self._held_from:
-            self._hold_s = min(self.max_oom_hold_s, self._hold_s * 2)  # a known-bad level, again
+            self._hold_s = min(MAX_OOM_HOLD_S, self._hold_s * 2)  # a known-bad level, again
         else:
             self._held_from, self._hold_s = level, self.oom_hold_s
         self._last_oom_s, self._held_until_s = now_s, now_s + self._hold_s
@@ -264,14 +264,14 @@ class AIMD(_Bounds):
         that follows bars no level where that size alone explains it."""
         if self.memory.never_fits(nbytes):
             return True
-        # Explained by its size when judged against the model before it learned from it.
+        # Kept for the `on_oom` that follows, with whether the model took it for a change of sizes.
         self._allocation = (nbytes, units, self.memory.learn_size(nbytes, units))
         return False
 
     def units_changed(self) -> None:
         """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
-        request. The memory model's line was drawn through readings counted in the old slots; its
-        estimates carry over (a change of weights keeps the scale: a slot holds the bytes it held)."""
+        request. The memory model's line was drawn, and its OOMs' levels counted, in the old slots;
+        its estimates carry over (a change of weights keeps the scale: a slot holds the bytes it held)."""
         self.memory.units_changed()
 
     def describe(self) -> dict[str, Any]:

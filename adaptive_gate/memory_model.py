@@ -45,6 +45,7 @@ WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over 
 # sits a little above the middle (a third of the readings above it): readings below are as often
 # requests not yet allocated as small ones.
 SHARE_UP, SHARE_DOWN = 0.2, 0.1
+HOLLOW_SHARE = 0.25  # a reading whose requests hold less than this of the mean each teaches no size
 SHARE_SHRUNK = 0.25  # where two readings in a row say requests hold less than the others' bytes allow
 # The least a request (or unit of cost) is taken to hold, as a share of the card: > 0, or a reading
 # where used memory did not move would size a request at 0 bytes and the room at a division by zero.
@@ -58,7 +59,7 @@ SETTLED_READINGS = 10
 MIX_OOM_SHARE = 0.05
 MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requests a mix
 Z_STEP = 0.25
-MAX_Z = 6.0
+MIN_Z, MAX_Z = 1.0, 6.0
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
 # card) stops holding growth back.
 BLIND_GROWTH_AFTER_SAMPLES = 20
@@ -72,7 +73,8 @@ class MemoryModel:
       change is no line) and they lie on one line, a least-squares fit gives both at once: its
       intercept is the others' bytes, its slope one request's.
     * Otherwise a busy reading within the requests' usual spread of the model teaches their mean
-      and spread (over the readings since the card last changed, `WINDOW_READINGS` at most).
+      (up twice as fast as down: `SHARE_UP`, `SHARE_DOWN`) and spread (over the readings since
+      their sizes last changed, `WINDOW_READINGS` at most), while the others' bytes are anchored.
     * A rise beyond that spread is taken for the others' (a neighbour, a leak, a fatter input) and
       believed at once: the room shrinks before the next admission, not after an OOM; a fit over
       levels, or an idle reading, tells later whose bytes they were. A fall is believed once
@@ -82,18 +84,15 @@ class MemoryModel:
     Requests of different sizes (a mix the gate cannot tell apart) are described by a mean and a
     spread; the cap keeps `others + n * mean + z * sqrt(n) * spread` under target, the sum of n
     such requests: cautious with the large ones, without planning for all of them at once. `z`
-    starts at `spread_z` and is learned from the pile-ups the spread explains (`mix_oom`,
+    starts at `MIN_Z` and is learned from the pile-ups the spread explains (`mix_oom`,
     `mix_success`): up at each, down a little at each success, so that about `MIX_OOM_SHARE` of a
     mix's requests meet one, whatever the shape of the mix (a normal tail or a quarter of large
     ones). A workload of one size has no spread, and no pile-up to learn from.
     """
 
-    def __init__(self, *, target_utilisation: float = 1.0, spread_z: float = 1.0) -> None:
+    def __init__(self, *, target_utilisation: float = 1.0) -> None:
         self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
-        if isinstance(spread_z, bool) or not isinstance(spread_z, int | float) or not 0 <= spread_z < math.inf:
-            raise ValueError(f"spread_z must be a finite number >= 0, got {spread_z!r}")
-        self.spread_z = float(spread_z)
-        self.z = self.spread_z  # how many spreads above the mean the cap plans for, learned
+        self.z = MIN_Z  # how many spreads above the mean the cap plans for, learned
         self._recent: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
         self._baseline: float | None = None
         self._per_request: float | None = None
@@ -289,6 +288,10 @@ class MemoryModel:
         slowly (a reading below it is as often a request admitted and not yet allocated, or early in
         its forward pass, as a small one; what matters is what requests hold at their peak), and
         their spread is that of the readings above the mean since the sizes last changed."""
+        if self._per_request is not None and share < HOLLOW_SHARE * self._per_request:
+            # Requests in flight that hold next to nothing: admitted and not allocated yet, or failing
+            # before they allocate (a 4xx from the route, a worker that went down). No size to learn.
+            return
         self._shares.append((share, in_flight))
         if self._per_request is None:
             self._per_request = share
@@ -370,9 +373,9 @@ class MemoryModel:
         self.z = min(MAX_Z, self.z + Z_STEP)
 
     def mix_success(self) -> None:
-        """A request answered: the tail planned for may be a little lighter, down to `spread_z`."""
-        if self.z > self.spread_z:
-            self.z = max(self.spread_z, self.z - Z_STEP * MIX_OOM_SHARE / (1 - MIX_OOM_SHARE))
+        """A request answered: the tail planned for may be a little lighter, down to `MIN_Z`."""
+        if self.z > MIN_Z:
+            self.z = max(MIN_Z, self.z - Z_STEP * MIX_OOM_SHARE / (1 - MIX_OOM_SHARE))
 
     def is_mix(self) -> bool:
         """Whether the requests' sizes vary (their spread is more than `MIX_SPREAD` of their mean):

@@ -1,4 +1,5 @@
-"""What stands in front of the benchmark's app besides the gate: the crash simulator and the oracle."""
+"""What stands in front of the benchmark's app besides the gate: the crash simulator and the ceilings
+(the oracle, which knows the future, and the reader, which reads the card knowing each request's bytes)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .model import INFER_PATHS, GiB, Phase, Size
 if TYPE_CHECKING:
     from .harness import World
 
-__all__ = ["CrashSimulator", "OracleMiddleware", "header"]
+__all__ = ["CrashSimulator", "OracleMiddleware", "ReaderMiddleware", "header"]
 
 
 class CrashSimulator:
@@ -87,6 +88,40 @@ class OracleMiddleware:
             await self.app(scope, receive, send)
             return
         units = 1 if self.counting else int(header(scope, b"x-request-bytes")) / GiB
+        await self.limiter.acquire(units=units)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limiter.release(units)
+
+
+class ReaderMiddleware:
+    """A byte budget in GiB resized from each reading of the card (`read`, at the gate's sample
+    period), knowing each request's exact bytes: the room is the card less the others' bytes (the
+    weights and what the neighbour holds then). The best any gate that reads the card can do; deaf
+    to OOMs, as a semaphore is. First come, first served."""
+
+    def __init__(self, app: ASGIApp, *, world: World) -> None:
+        self.app = app
+        self.world = world
+        world.reader = self
+        self.limiter = Limiter(1, max_queue=2**20)
+        self.read()
+
+    @property
+    def limit(self) -> float:
+        return math.nan  # GiB, not requests
+
+    def read(self) -> None:
+        scenario, gpu = self.world.scenario, self.world.gpu
+        room_bytes = scenario.total_bytes - scenario.weights_bytes - gpu.neighbour_bytes
+        self.limiter.limit = max(1, room_bytes // GiB)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
+            await self.app(scope, receive, send)
+            return
+        units = int(header(scope, b"x-request-bytes")) / GiB
         await self.limiter.acquire(units=units)
         try:
             await self.app(scope, receive, send)

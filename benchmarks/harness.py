@@ -7,6 +7,8 @@ it computes (processor sharing past the card's knee). Only what stands in front 
 * `static-N`: `asyncio.Semaphore(N)` and a thread pool of N, the recipe users copy today.
 * `oracle`: a semaphore resized at the very moment the card changes to exactly what fits then
   (where sizes are drawn, a byte budget that knows each size). It knows the future: the ceiling.
+* `reader`: a byte budget resized from each reading of the card every 0.1 s, knowing each
+  request's exact bytes: the ceiling for any gate that reads the card.
 * `adaptive`: `AdaptiveGate` with its defaults, told nothing about the card (in the mixed-cost
   scenario, told what each request weighs through its `cost` hook).
 
@@ -41,7 +43,7 @@ from adaptive_gate.status import percentiles_ms
 from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
 
-from .fronts import CrashSimulator, OracleMiddleware, header
+from .fronts import CrashSimulator, OracleMiddleware, ReaderMiddleware, header
 from .model import INFER_PATHS, GiB, Phase, Scenario, Size
 
 __all__ = ["DEADLINE_S", "OOM_AFTER_FRACTION", "GiB", "Phase", "RunResult", "Scenario", "Size", "run"]
@@ -115,7 +117,13 @@ class World:
         self.policy = policy
         self.duration_s = duration_s
         self.random = random.Random(seed)
-        self.gpu = SimulatedGPU(scenario.total_bytes, baseline_bytes=scenario.weights_bytes, knee=scenario.knee)
+        self.gpu = SimulatedGPU(
+            scenario.total_bytes,
+            baseline_bytes=scenario.weights_bytes,
+            knee=scenario.knee,
+            fragmentation=scenario.fragmentation,
+            seed=seed,
+        )
         self.started_s = time.monotonic()
         self.phase = scenario.phases[0]
         self.down_until_s = 0.0
@@ -123,6 +131,7 @@ class World:
         self.running = 0
         self.oom_times_s: list[float] = []
         self.oracle: OracleMiddleware | None = None
+        self.reader: ReaderMiddleware | None = None
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -137,6 +146,8 @@ class World:
                 app.add_middleware(AdaptiveGate, probe=self.gpu, cost=lambda scope: float(header(scope, b"x-cost")))
         elif self.policy == "oracle":
             app.add_middleware(OracleMiddleware, world=self)
+        elif self.policy == "reader":
+            app.add_middleware(ReaderMiddleware, world=self)
         elif self.policy.startswith("static-"):
             app.add_middleware(SemaphoreMiddleware, limit=int(self.policy.split("-")[1]), paths=set(INFER_PATHS))
         app.add_middleware(CrashSimulator, world=self)
@@ -208,6 +219,8 @@ class World:
             queued = self.gate.core.limiter.queued
         elif self.oracle is not None:
             limit, queued = self.oracle.limit, self.oracle.limiter.queued
+        elif self.reader is not None:
+            limit, queued = self.reader.limit, self.reader.limiter.queued
         elif self.semaphore is not None:
             limit, queued = self.semaphore.limit, self.semaphore.waiting
         else:
@@ -297,6 +310,8 @@ async def run(
                     world.advance_phase()  # every 10 ms: a greedy neighbour grabs memory that soon
                     if ticks % 10 == 0:
                         result.series.append(world.observe())
+                        if world.reader is not None:
+                            world.reader.read()  # at the gate's sample period
                     ticks += 1
                     await anyio.sleep(0.01)
 

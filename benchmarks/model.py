@@ -47,6 +47,9 @@ class Scenario:
     crash_s: float = 0.0
     # True: each request's work is drawn around `work_s` (noise that does not depend on concurrency)
     jitter: bool = False
+    # An allocation may fail up to this share of the card below the nominal total (a fragmented
+    # allocator, a peak the readings miss): what the readings show fits, now and then does not
+    fragmentation: float = 0.0
     cost: Callable[[int], float] | None = None  # what a request of so many bytes says it weighs
     route: Callable[[int], str] | None = None  # the path a request of so many bytes takes (None: /infer)
     lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)

@@ -118,6 +118,14 @@ SCENARIOS: dict[str, Scenario] = {
             crash_s=1.0,
         ),
         Scenario(
+            "fragmented",
+            "classic on a fragmented card: an allocation may fail up to 5% of it below the total, so five "
+            "fit by the readings and now and then do not",
+            [Phase(0.0, THREE_GIB)],
+            fragmentation=0.05,
+            crash_s=1.0,
+        ),
+        Scenario(
             "jitter",
             "classic, where each request's time varies (half of 0.1 s and up) whatever runs beside it: "
             "latency noise that more at once does not cause",
@@ -145,9 +153,11 @@ LOADS: dict[str, tuple[float | None, int | None]] = {
 
 FULL_PLAN: dict[str, list[str]] = {
     "classic": ["0.5x", "1x", "2x", "4x", "closed-16"],
-    "neighbour": ["2x"],
-    "neighbour-greedy": ["2x"],
-    "growth": ["2x"],
+    "neighbour": ["2x", "closed-32"],
+    "neighbour-greedy": ["2x", "closed-32"],
+    "growth": ["2x", "closed-32"],
+    "exact-fit": ["closed-32"],
+    "jitter": ["closed-32"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
     "mixed-routes": ["2x"],

@@ -132,6 +132,10 @@ def one_run(
 ) -> SimulationResult:
     multiple, clients = LOADS[load]
     rate_per_s = (multiple or 0.0) * scenario.capacity_per_s
+    if gpu is None:
+        gpu = SimulatedGPU(
+            scenario.total_bytes, baseline_bytes=scenario.weights_bytes, fragmentation=scenario.fragmentation, seed=seed
+        )
     return simulate(
         phases_of(scenario, rate_per_s, duration_s, cost),
         total_bytes=scenario.total_bytes,
@@ -146,6 +150,14 @@ def one_run(
         clients=clients,
         gpu=gpu,
     )
+
+
+def reader_run(scenario: Scenario, load: str, duration_s: float, seed: int) -> SimulationResult:
+    """The reader on its own card, whose neighbour it reads off."""
+    card = SimulatedGPU(
+        scenario.total_bytes, baseline_bytes=scenario.weights_bytes, fragmentation=scenario.fragmentation, seed=seed
+    )
+    return one_run(scenario, Reader(card, scenario.weights_bytes), load, duration_s, seed, cost=in_gib, gpu=card)
 
 
 def recovery_s(scenario: Scenario, result: SimulationResult, duration_s: float) -> float | None:
@@ -187,9 +199,7 @@ def compare(
     else:
         oracle = one_run(scenario, Oracle([(at * duration_s, n) for at, n in limits]), load, duration_s, seed)
     rows.append(row("oracle", oracle))
-    card = SimulatedGPU(scenario.total_bytes, baseline_bytes=scenario.weights_bytes)
-    reader = Reader(card, scenario.weights_bytes)
-    rows.append(row("reader", one_run(scenario, reader, load, duration_s, seed, cost=in_gib, gpu=card)))
+    rows.append(row("reader", reader_run(scenario, load, duration_s, seed)))
     adaptive = one_run(scenario, controller(), load, duration_s, seed, cost=scenario.cost)
     rows.append(row("adaptive", adaptive, recovery_s(scenario, adaptive, duration_s)))
     return rows
@@ -219,7 +229,7 @@ PLAN = {name: list(LOADS) for name, scenario in SCENARIOS.items() if scenario.li
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.virtual", description=__doc__)
-    parser.add_argument("--duration", type=float, default=30.0, help="virtual seconds per run (default 30)")
+    parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds per run (default 60)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", choices=sorted(PLAN), help="run only these scenarios")
     parser.add_argument("--no-save", action="store_true", help=f"print only; do not write {RESULTS.name}")

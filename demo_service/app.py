@@ -193,11 +193,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         @app.put("/simulated-gpu/neighbour")
         def set_neighbour(nbytes: int) -> dict[str, int]:
-            """Demo and benchmark control: another process now holds `nbytes` of the simulated card."""
+            """Demo and benchmark control: another process now wants `nbytes` of the simulated card.
+            It takes what is free now and the rest as our requests free it (`held_bytes` says how
+            much it holds so far)."""
             if not 0 <= nbytes <= simulated.total_bytes:
                 raise BadImage(422, f"nbytes must be within [0, {simulated.total_bytes}]")
             simulated.set_neighbour(nbytes)
-            return {"neighbour_bytes": nbytes, "used_bytes": simulated.used_bytes}
+            return {
+                "neighbour_bytes": nbytes,
+                "held_bytes": simulated.neighbour_bytes,
+                "used_bytes": simulated.used_bytes,
+            }
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict[str, Any]:

@@ -167,6 +167,7 @@ async def test_decompression_bombs_are_refused_before_decoding(
 async def test_neighbour_control_on_the_simulated_card(client: httpx.AsyncClient) -> None:
     response = await client.put("/simulated-gpu/neighbour", params={"nbytes": 100 * MiB})
     assert response.status_code == 200 and response.json()["neighbour_bytes"] == 100 * MiB
+    assert response.json()["held_bytes"] == 100 * MiB  # the card had that much free
     assert (await client.put("/simulated-gpu/neighbour", params={"nbytes": -1})).status_code == 422
     assert (await client.put("/simulated-gpu/neighbour", params={"nbytes": 0})).json()["neighbour_bytes"] == 0
 
@@ -412,3 +413,39 @@ async def asyncio_gather(coroutines: list[object]) -> list[httpx.Response]:
         for index, coroutine in enumerate(coroutines):
             tg.start_soon(run, index, coroutine)
     return results
+
+
+async def test_the_limit_climbs_back_after_a_neighbour_leaves_the_demo_card() -> None:
+    """As a newcomer drives the demo: clients posting images, a neighbour on the simulated card for a
+    while, then gone. The limit goes down to what fits beside it, and back up once it has left (the
+    first release held it at 1 after the neighbour left, bound by the OOM hold)."""
+    app = create_app(Settings(architecture="resnet-tiny", gate={"sample_period": 0.02}))
+    photo = image_bytes(size=(32, 32))
+    async with LifespanManager(app), httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://d") as http:
+        gate, gpu = find_gate(app), app.state.classifier.gpu
+        per_image = app.state.classifier.bytes_for((1, 3, 224, 224))
+        running = True
+
+        async def client() -> None:
+            while running:
+                response = await http.post("/predict", files={"file": ("x.png", photo)})
+                assert response.status_code in (200, 503), response.text
+
+        async def limit_reaches(check: object, timeout_s: float = 20.0) -> int:
+            with anyio.fail_after(timeout_s):
+                while not check(gate.core.limiter.limit):  # type: ignore[operator]  # noqa: ASYNC110 - polled, as a user would
+                    await anyio.sleep(0.02)
+            return gate.core.limiter.limit
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(client)
+            before = await limit_reaches(lambda limit: limit >= 3)
+            weights = weight_bytes(app.state.classifier.model)
+            gpu.set_neighbour(gpu.total_bytes - weights - int(2.5 * per_image))  # room for two images beside it
+            beside = await limit_reaches(lambda limit: limit <= 2)
+            gpu.set_neighbour(0)
+            after = await limit_reaches(lambda limit: limit >= before)
+            running = False
+    assert beside <= 2 < before <= after
+    assert gate.status()["controller"]["bound"] in ("memory", "max_limit")

@@ -77,7 +77,7 @@ async def test_the_exposition_agrees_with_the_status() -> None:
     assert value("adaptive_gate_in_flight") == status["in_flight"] == 0
     assert value("adaptive_gate_queued") == status["queued"] == 0
     assert value("adaptive_gate_limit_bound", bound="controller") == 1
-    assert value("adaptive_gate_limit_bound", bound="memory_cap") == 0
+    assert value("adaptive_gate_limit_bound", bound="memory") == 0
     assert value("adaptive_gate_admitted_total") == counters["admitted"]
     assert value("adaptive_gate_requests_total", outcome="completed") == counters["completed"] >= 7
     assert value("adaptive_gate_requests_total", outcome="failed") == counters["failed"] == 1

@@ -1,0 +1,106 @@
+"""`python -m benchmarks.ablation`: each rule of the default controller, on and off, everywhere.
+
+A rule earns its place where some scenario needs it: without it, adaptive falls below the targets
+(0.95 of the reader's goodput, at most the reader's OOMs plus one per change of the card) where it
+met them. Every scenario of `benchmarks.virtual`, both loads, virtual time, one seed: the full
+controller against the same controller with one rule taken out, and the reader beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from adaptive_gate.control import AIMD
+
+from .environment import environment
+from .scenarios import SCENARIOS
+from .virtual import PLAN, Row, one_run, reader_run, row
+
+RESULTS = Path(__file__).parent / "results" / "ablation.json"
+
+
+def without_oom_bars() -> AIMD:
+    """An OOM corrects nothing: the limit is the readings' alone."""
+    controller = AIMD()
+    controller.memory.ooms.record = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    return controller
+
+
+def without_mix_tail() -> AIMD:
+    """A mix is not told apart: its OOMs bar their level, as one size's do."""
+    controller = AIMD()
+    controller.memory.is_mix = lambda: False  # type: ignore[method-assign]
+    return controller
+
+
+def without_allocation_sizes() -> AIMD:
+    """The allocation an OOM names is not read: no `too_large` by size, no inputs that grew."""
+    controller = AIMD()
+    controller.allocation_failed = lambda nbytes, units: False  # type: ignore[method-assign]
+    return controller
+
+
+def without_twofold_growth() -> AIMD:
+    """The limit jumps to what the model says at once, from the first reading on."""
+    controller = AIMD()
+    controller.on_sample = lambda *, now_s, sample, in_flight: (  # type: ignore[method-assign]
+        controller.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes),
+        controller._update("memory"),
+    )[-1]
+    return controller
+
+
+VARIANTS: dict[str, Callable[[], AIMD]] = {
+    "full": AIMD,
+    "no OOM bars": without_oom_bars,
+    "no mix tail": without_mix_tail,
+    "no allocation sizes": without_allocation_sizes,
+    "no twofold growth": without_twofold_growth,
+}
+
+
+def ablate(name: str, load: str, duration_s: float, seed: int) -> dict[str, Any]:
+    scenario = SCENARIOS[name]
+    reader = row("reader", reader_run(scenario, load, duration_s, seed))
+    variants: dict[str, Row] = {
+        variant: row(variant, one_run(scenario, build(), load, duration_s, seed, cost=scenario.cost))
+        for variant, build in VARIANTS.items()
+    }
+    return {
+        "scenario": name,
+        "load": load,
+        "reader_per_s": reader.goodput_per_s,
+        "reader_ooms": reader.ooms - reader.too_large,
+        "variants": {
+            variant: {
+                "vs_reader": round(r.goodput_per_s / reader.goodput_per_s, 3),
+                "ooms": r.ooms - r.too_large,
+            }
+            for variant, r in variants.items()
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ablation", description=__doc__)
+    parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds per run (default 60)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    table = [ablate(name, load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
+    header = "| scenario | load | " + " | ".join(VARIANTS) + " |"
+    print(header)
+    print("| --- | --- |" + " --- |" * len(VARIANTS))
+    for entry in table:
+        cells = [f"{v['vs_reader']:.2f} ({v['ooms']})" for v in entry["variants"].values()]
+        print(f"| {entry['scenario']} | {entry['load']} | " + " | ".join(cells) + " |")
+    command = f"python -m benchmarks.ablation --duration {args.duration:g} --seed {args.seed}"
+    document = {"environment": environment(), "command": command, "duration_s": args.duration, "table": table}
+    RESULTS.write_text(json.dumps(document, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
