@@ -265,6 +265,7 @@ def test_each_oom_keeps_the_state_it_happened_in() -> None:
     learned(c, request_gib=2, levels=(1, 2, 4, 7))
     assert c.limit == 8
     c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=8)  # eight do not fit after all
+    c.on_sample(now_s=1.05, sample=MemorySample(22 * GiB, TOTAL), in_flight=7)  # the card as it is
     assert c.limit == 7
     c.on_oom(now_s=2.0, epoch=c.epoch, in_flight=7)  # a neighbour of 6 GiB came
     c.on_sample(now_s=2.05, sample=MemorySample(24 * GiB, TOTAL), in_flight=5)

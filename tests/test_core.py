@@ -51,6 +51,25 @@ def test_an_oom_alone_that_the_probe_counted_first_still_cuts_nothing() -> None:
     assert core.counters.ooms == 2 and core.controller.epoch == 1
 
 
+def test_an_oom_that_names_more_than_the_card_holds_is_too_large_beside_others() -> None:
+    """20 GiB asked of a 24 GiB card with 8 GiB of others': no load could have avoided it, so it is
+    `too_large` even with others in flight, and cuts nothing (it used to take the limit down with it)."""
+    now = [0.0]
+    core = core_at(now)
+    core.sample(MemorySample(8 * GiB, 24 * GiB, oom_count=0), now[0])
+    tickets = []
+    for _ in range(3):
+        assert core.arrive(30.0) is ADMITTED
+        tickets.append(core.admitted(now[0], 0.0))
+    now[0] = 0.05
+    core.sample(MemorySample(17 * GiB, 24 * GiB, oom_count=0), now[0])  # 3 GiB each
+    limit = core.limiter.limit
+    assert core.oom(tickets[0], now[0], tried_bytes=20 * GiB) is True
+    core.release(tickets[0], now[0], Outcome.OOM)
+    assert core.limiter.limit == limit and core.controller.epoch == 0
+    assert core.oom(tickets[1], now[0], tried_bytes=3 * GiB) is False  # one of the card's own: it corrects
+
+
 def test_swallowed_once_unexplained_for_the_grace() -> None:
     ledger = SwallowedOoms()
     assert ledger.reading(5, 0.0) == 0  # the starting point

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from adaptive_gate import is_oom
+from adaptive_gate.oom import tried_bytes
 
 
 def named(name: str, base: type[BaseException] = RuntimeError) -> type[BaseException]:
@@ -87,3 +88,26 @@ def test_keeps_no_reference_to_the_exception() -> None:
     del exc
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 23.64 GiB", 20 * 2**30),
+        ("CUDA out of memory. Tried to allocate 3072.00 MiB (simulated)", 3 * 2**30),
+        ("HIP out of memory. Tried to allocate 512 KiB", 512 * 2**10),
+        ("CUDA error: out of memory", None),  # the runtime names no allocation
+    ],
+)
+def test_the_allocation_an_oom_names_is_read_in_bytes(message: str, expected: int | None) -> None:
+    assert tried_bytes(RuntimeError(message)) == expected
+
+
+def test_the_allocation_is_found_through_the_chain() -> None:
+    try:
+        try:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1.50 GiB")
+        except RuntimeError as inner:
+            raise ValueError("inference failed") from inner
+    except ValueError as outer:
+        assert tried_bytes(outer) == int(1.5 * 2**30)

@@ -73,3 +73,13 @@ def test_latency_noise_that_concurrency_does_not_cause_never_cuts(load: str) -> 
 def test_a_request_that_never_fits_is_too_large_and_teaches_nothing() -> None:
     adaptive = rows("too-large", "closed-32")["adaptive"]
     assert adaptive.too_large > 0 and adaptive.ooms - adaptive.too_large <= 2, adaptive
+
+
+def test_the_readme_shows_the_tables_the_results_make() -> None:
+    """The README's benchmark tables are rendered from `benchmarks/results/*.json`
+    (`python -m benchmarks.report --readme`): a figure edited by hand, or results rerun without
+    rendering them, fail here."""
+    from benchmarks.report import README, rendered
+
+    text = README.read_text()
+    assert rendered(text) == text
