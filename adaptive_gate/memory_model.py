@@ -421,7 +421,7 @@ class MemoryModel:
 
 
 # How much roomier (in requests) the card must read than at an OOM before its level is tried again.
-ROOM_MARGIN = 0.5
+ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's neighbour, run out by turns
 OOM_STATE_S = 0.25  # how long after an OOM the readings still describe the card it happened on
 MAX_STATES = 16
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
