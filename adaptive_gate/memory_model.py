@@ -24,6 +24,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from ._checks import check_fraction
+from ._oom_states import OomStates
 
 __all__ = ["BLIND_GROWTH_AFTER_SAMPLES", "MemoryEstimate", "MemoryModel", "OomStates"]
 
@@ -418,63 +419,3 @@ class MemoryModel:
             return False
         room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
         return (level - units) * est.per_request_bytes + nbytes > room_bytes >= level * est.per_request_bytes
-
-
-# How much roomier (in requests) the card must read than at an OOM before its level is tried again.
-ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's neighbour, run out by turns
-OOM_STATE_S = 0.25  # how long after an OOM the readings still describe the card it happened on
-MAX_STATES = 16
-PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
-# one the app caught (the probe's count: cuDNN counts its own tries too), or one a mix's spread explains
-WEAK_MEMORY_S = 10.0
-
-
-class OomStates:
-    """What OOMs showed: so many in flight did not fit in so much room (in requests).
-
-    Each bars its level and above while the card reads no roomier than then (within `ROOM_MARGIN`
-    of a request). The room is the tightest read within `OOM_STATE_S` after it: the reading that
-    shows a neighbour's arrival may come after the OOM it caused, and then the model itself
-    explains the OOM and the bar adds nothing. An OOM the gate did not see itself (`placed=False`)
-    is weaker evidence and is forgotten sooner; none is kept past `PLACED_MEMORY_S`, so that even a
-    misread one costs one OOM every two minutes, not the level for good.
-    """
-
-    def __init__(self) -> None:
-        self._states: list[list[float]] = []  # [level, room then, when, until]
-
-    def record(self, now_s: float, level: int, room: float | None, *, placed: bool = True) -> None:
-        memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
-        kept = [state for state in self._states if now_s < state[3]]
-        self._states = kept[-(MAX_STATES - 1) :] + [
-            [level, math.inf if room is None else room, now_s, now_s + memory_s]
-        ]
-
-    def observe(self, now_s: float, room: float | None) -> None:
-        if room is None:
-            return
-        for state in self._states:
-            if now_s - state[2] <= OOM_STATE_S:
-                state[1] = min(state[1], room)
-
-    def barred_from(self, now_s: float, room: float) -> int | None:
-        """The lowest level barred with `room` for so many requests now, or None."""
-        barred = [
-            int(level)
-            for level, room_then, _, until_s in self._states
-            if now_s < until_s and room < room_then + ROOM_MARGIN
-        ]
-        return min(barred) if barred else None
-
-    def describe(self, now_s: float, room: float | None) -> dict[str, float] | None:
-        """The bar that holds the limit now, for the status: its level, the room then, its age."""
-        if room is None:
-            return None
-        lowest = self.barred_from(now_s, room)
-        for level, room_then, at_s, until_s in self._states:
-            if level == lowest and now_s < until_s and room < room_then + ROOM_MARGIN:
-                return {"level": int(level), "room_then": round(room_then, 2), "age_s": round(now_s - at_s, 2)}
-        return None
-
-    def forget(self) -> None:
-        self._states.clear()

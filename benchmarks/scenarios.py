@@ -40,6 +40,14 @@ def oracle_limits(scenario: Scenario) -> list[tuple[float, int]] | None:
 
 
 THREE_GIB = Size(3 * GiB)
+
+
+def middle_third(size: Size, neighbour_bytes: int, step_bytes: int = 0) -> list[Phase]:
+    """Requests of `size` throughout; a neighbour holds `neighbour_bytes` for the middle third
+    (growing by `step_bytes` whenever that much is free, where given), then leaves."""
+    return [Phase(0.0, size), Phase(1 / 3, size, neighbour_bytes, step_bytes), Phase(2 / 3, size)]
+
+
 SCENARIOS: dict[str, Scenario] = {
     scenario.name: scenario
     for scenario in [
@@ -47,14 +55,14 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "neighbour",
             "classic; a neighbour process takes 6 GiB for the middle third (three fit), then leaves",
-            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB), Phase(2 / 3, THREE_GIB)],
+            middle_third(THREE_GIB, 6 * GiB),
             crash_s=1.0,
         ),
         Scenario(
             "neighbour-greedy",
             "classic; for the middle third a neighbour grows in 512 MiB steps whenever that much is free, "
             "as a second PyTorch process's caching allocator does, up to 6 GiB (three fit), then leaves",
-            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 6 * GiB, GiB // 2), Phase(2 / 3, THREE_GIB)],
+            middle_third(THREE_GIB, 6 * GiB, GiB // 2),
             crash_s=1.0,
         ),
         Scenario(
@@ -97,14 +105,14 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "exact-fit",
             "classic; a neighbour takes 7 GiB for the middle third, so that three fit with nothing to spare",
-            [Phase(0.0, THREE_GIB), Phase(1 / 3, THREE_GIB, 7 * GiB), Phase(2 / 3, THREE_GIB)],
+            middle_third(THREE_GIB, 7 * GiB),
             crash_s=1.0,
         ),
         Scenario(
             "small-card",
             "a 16 GiB card, 4 GiB of weights, 2 GiB per request (six fit); a neighbour takes 5 GiB for the "
             "middle third (three fit)",
-            [Phase(0.0, Size(2 * GiB)), Phase(1 / 3, Size(2 * GiB), 5 * GiB), Phase(2 / 3, Size(2 * GiB))],
+            middle_third(Size(2 * GiB), 5 * GiB),
             total_bytes=16 * GiB,
             weights_bytes=4 * GiB,
             capacity_per_s=60.0,
