@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,14 +29,14 @@ class Background:
     def __init__(
         self,
         *,
-        make_sampler: Callable[[], Sampler | None],
+        make_sampler: Callable[[], Sampler[Any] | None],
         make_monitor: Callable[[], Monitor],
         first_reading_timeout_s: float,
     ) -> None:
         self._make_sampler = make_sampler
         self._make_monitor = make_monitor
         self._first_reading_timeout_s = first_reading_timeout_s
-        self._sampler: Sampler | None = None
+        self._sampler: Sampler[Any] | None = None
         self._loops: list[BackgroundLoop] = []
         # Set once the first reading was tried: from then on requests are admitted without a look here.
         self.ready = False

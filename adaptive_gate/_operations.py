@@ -21,7 +21,7 @@ from ._sampler import Monitor, Sampler
 from ._version import __version__
 from ._watch import Watch
 from ._workers import WorkerCount
-from .core import GateCore, Outcome
+from .core import GateCore, InFlight, Outcome
 from .diagnostics import Diagnostics
 from .memory import MemorySample
 from .options import GateOptions
@@ -84,10 +84,14 @@ class Operations:
                 ticket.abandoned = True
                 self.core.release(ticket, self.clock(), Outcome.FAILED)
 
-    def _on_sample(self, sample: MemorySample) -> None:
+    def _on_sample(self, sample: MemorySample, before: InFlight | None = None, after: InFlight | None = None) -> None:
+        """A reading, with the requests in flight just before and just after it was taken (on the
+        probe's thread). Where one came or went meanwhile, the fewer are taken: one that came had not
+        allocated yet, one that went had freed its bytes before it gave its slot back."""
         now_s = self.clock()
         core = self.core
-        core.sample(sample, now_s)
+        then = None if before is None or after is None else min(before, after, key=lambda taken: taken.units)
+        core.sample(sample, now_s, then)
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
 
     def _on_probe_error(self, message: str) -> None:
@@ -172,7 +176,7 @@ class Operations:
         )
         return self.operator_limits()
 
-    def _make_sampler(self) -> Sampler | None:
+    def _make_sampler(self) -> Sampler[InFlight] | None:
         if self.options.probe is None:
             self.core.probe_found("probe: none (probe=None), the gate runs on OOM and latency signals", "none",
                                   simulated=False)  # fmt: skip
@@ -182,6 +186,7 @@ class Operations:
             period_s=self.options.sample_period,
             timeout_s=self.options.probe_timeout,
             on_probe=self._on_probe,
+            alongside=self.core.in_flight_now,
             on_sample=self._on_sample,
             on_error=self._on_probe_error,
         )

@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Generic, TypeVar
 
 import anyio
@@ -138,7 +139,18 @@ class BackgroundLoop:
         raise NotImplementedError
 
 
-class Sampler(BackgroundLoop):
+class Sampler(BackgroundLoop, Generic[T]):
+    """Reads the probe every `period_s` on its own thread and hands each checked reading to
+    `on_sample`, with what `alongside()` said just before and just after it, read on the same thread.
+
+    `alongside` is the gate's requests in flight: a reading means something only beside the requests
+    that held the card when it was taken. Read on the event loop once the reading arrives, they are
+    the requests of another moment: a loop busy for 30 ms (a burst of retries, a second worker's
+    CPU) has admitted and released whole requests meanwhile, and one model paired 6 GiB with four
+    requests that held it with two. The two counts bracket the reading; they differ where a request
+    came or went while the probe ran.
+    """
+
     def __init__(
         self,
         probe_factory: Callable[[], tuple[Probe | None, str]],
@@ -146,7 +158,8 @@ class Sampler(BackgroundLoop):
         period_s: float,
         timeout_s: float,
         on_probe: Callable[[Probe | None, str], None],
-        on_sample: Callable[[MemorySample], None],
+        alongside: Callable[[], T],
+        on_sample: Callable[[MemorySample, T, T], None],
         on_error: Callable[[str], None],
     ) -> None:
         super().__init__()
@@ -160,6 +173,7 @@ class Sampler(BackgroundLoop):
         self._period_s = period_s
         self._timeout_s = timeout_s
         self._on_probe = on_probe
+        self._alongside = alongside
         self._on_sample = on_sample
         self._on_error = on_error
 
@@ -218,7 +232,8 @@ class Sampler(BackgroundLoop):
         while True:
             self._readings_started += 1
             try:
-                sample = check_sample(await thread.call(probe.sample, self._timeout_s))
+                raw, before, after = await thread.call(partial(self._read, probe), self._timeout_s)
+                sample = check_sample(raw)
             except (TimeoutError, ProbeHung) as exc:
                 self._on_error(f"probe.sample() {_hang_message(exc, self._timeout_s)}")
                 delay_s = min(MAX_BACKOFF_S, delay_s * 2)
@@ -226,14 +241,20 @@ class Sampler(BackgroundLoop):
                 self._on_error(f"probe.sample() failed: {exc!r}")
                 delay_s = min(MAX_BACKOFF_S, delay_s * 2)
             else:
-                delay_s = self._period_s if self._use(sample) else min(MAX_BACKOFF_S, delay_s * 2)
+                delay_s = self._period_s if self._use(sample, before, after) else min(MAX_BACKOFF_S, delay_s * 2)
             self._readings_done = self._readings_started
             self._reading_tried()
             await self._pause(delay_s)
 
-    def _use(self, sample: MemorySample) -> bool:
+    def _read(self, probe: Probe) -> tuple[MemorySample, T, T]:
+        """On the probe's thread: the reading, bracketed by what `alongside()` says."""
+        before = self._alongside()
+        sample = probe.sample()
+        return sample, before, self._alongside()
+
+    def _use(self, sample: MemorySample, before: T, after: T) -> bool:
         try:
-            self._on_sample(sample)
+            self._on_sample(sample, before, after)
         except Exception as exc:  # a bug of ours, or a reading no check foresaw: never the end of the loop
             logger.exception("adaptive_gate: handling a probe reading failed")
             self._on_error(f"handling the reading {sample!r} failed: {exc!r}")

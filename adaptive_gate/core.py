@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ._accounts import ClassCounts, ServiceEstimates
 from ._admission import OVERLOAD_MODES, DrainRate, queue_up
@@ -34,11 +35,18 @@ from .memory import MemorySample
 from .statistics import GateStatistics, LimitChange, snapshot
 from .status import BucketCounts, Counters, RecentValues
 
-__all__ = ["ADMITTED", "GateCore", "Outcome", "Ticket", "units_of_cost"]
+__all__ = ["ADMITTED", "GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 
 ADMITTED = "admitted"
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class InFlight(NamedTuple):
+    """The requests in flight at one moment: slots taken, and requests by route (`RouteWeights`)."""
+
+    units: float
+    by_route: dict[object, float]
 
 
 class GateCore(CoreAnswers):
@@ -272,14 +280,22 @@ class GateCore(CoreAnswers):
     def probe_found(self, description: str, device: str, *, simulated: bool) -> None:
         self.probe.description, self.probe.device, self.probe.simulated = description, device, simulated
 
-    def sample(self, sample: MemorySample, now_s: float) -> None:
+    def in_flight_now(self) -> InFlight:
+        """The requests in flight, in slots and by route. Safe to call from the probe's thread while
+        the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
+        return InFlight(self.limiter.in_flight, self.requests_by_route.copy())
+
+    def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
+        """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
-        if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, self.requests_by_route):
+        if then is None:
+            then = InFlight(self.limiter.in_flight, self.requests_by_route)
+        if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, then.by_route):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
-        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=self.limiter.in_flight)
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)
 

@@ -226,3 +226,22 @@ class CoreMachine(RuleBasedStateMachine):
 
 CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
 TestCoreMachine = CoreMachine.TestCase
+
+
+def test_a_reading_is_learned_beside_the_requests_in_flight_when_it_was_taken() -> None:
+    """Two requests hold slots by the time the loop handles a reading that the probe took with none
+    in flight: it is the others' bytes, exactly, not two requests that hold nothing."""
+    from adaptive_gate.core import InFlight
+
+    now = [0.0]
+    core = core_at(now)
+    for _ in range(2):
+        assert core.arrive(30.0) is ADMITTED
+    core.sample(MemorySample(8 * GiB, 24 * GiB), now[0], InFlight(0.0, {}))
+    model = core.controller.describe()["memory_model"]
+    assert model is None  # an idle reading tells the others' bytes, and nothing yet of a request's
+    now[0] = 0.1
+    core.sample(MemorySample(14 * GiB, 24 * GiB), now[0], InFlight(2.0, {}))
+    model = core.controller.describe()["memory_model"]
+    assert model["baseline_bytes"] == 8 * GiB and model["per_request_bytes"] == 3 * GiB
+    assert core.limiter.limit == 5  # five fit beside 8 GiB

@@ -248,3 +248,38 @@ async def test_probe_threads_end_with_their_runs() -> None:
             async with gate.running():
                 pass
     await wait_until(lambda: probe_threads() <= before)
+
+
+async def test_each_reading_comes_with_the_requests_in_flight_read_beside_it_on_the_probes_thread() -> None:
+    """A loop busy for 30 ms admits and releases whole requests between a reading and its handling:
+    the count that goes with a reading is taken on the probe's thread, just before and just after."""
+    from adaptive_gate._sampler import Sampler
+
+    events: list[tuple[str, int]] = []
+
+    class Recording:
+        def sample(self) -> MemorySample:
+            events.append(("sample", threading.get_ident()))
+            return MemorySample(1 * GiB, 8 * GiB)
+
+    def alongside() -> int:
+        events.append(("count", threading.get_ident()))
+        return len(events)
+
+    handed: list[tuple[int, int]] = []
+    sampler: Sampler[int] = Sampler(
+        lambda: (Recording(), "recording"),
+        period_s=0.01,
+        timeout_s=1.0,
+        on_probe=lambda probe, description: None,
+        alongside=alongside,
+        on_sample=lambda sample, before, after: handed.append((before, after)),
+        on_error=lambda message: None,
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        await wait_until(lambda: len(handed) >= 2)
+        sampler.stop()
+    assert [kind for kind, _ in events[:3]] == ["count", "sample", "count"]
+    assert {ident for _, ident in events} == {events[1][1]} != {threading.get_ident()}
+    assert handed[0] == (1, 3)  # the counts from either side of the first reading
