@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from adaptive_gate import AdaptiveGate
+from adaptive_gate.simulation import CLIENT_PAUSE_S
 from adaptive_gate.status import percentiles_ms
 from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
@@ -276,7 +277,8 @@ async def run(
             world.started_s = time.monotonic()
             stop_at = world.started_s + duration_s
 
-            async def one() -> None:
+            async def one() -> bool:
+                """One request, answered or not: True where it succeeded."""
                 result.sent += 1
                 started = time.monotonic()
                 response = None
@@ -288,7 +290,7 @@ async def run(
                         pass
                 if response is None:
                     result.client_gave_up += 1
-                    return
+                    return False
                 finished = time.monotonic()
                 took_s = finished - started
                 if response.status_code == 200:
@@ -303,6 +305,7 @@ async def run(
                     result.crashed += 1
                 else:
                     result.server_errors += 1
+                return response.status_code == 200
 
             async def observer() -> None:
                 ticks = 0
@@ -317,7 +320,12 @@ async def run(
 
             async def closed_loop_client() -> None:
                 while time.monotonic() < stop_at:
-                    await one()
+                    if not await one():
+                        # A refusal or a failure, as the simulator's clients do: a round trip before
+                        # the next try. In process, an answer that needs no thread (a 502 from a worker
+                        # that is down) never yields to the loop: 32 clients asking back to back held
+                        # it for seconds, and no timer, reading or observation ran meanwhile.
+                        await anyio.sleep(CLIENT_PAUSE_S)
 
             tg.start_soon(observer)
             if clients is not None:
