@@ -1,5 +1,6 @@
 """What the core hands out and is told back: a request's `Ticket` on its slots, the `Outcome` it
-ended with, what it weighs (`units_of_cost`), and how the memory probe fares.
+ended with, what it weighs (`units_of_cost`), how the memory probe fares, and the requests in flight
+beside a reading (`InFlight`).
 
 Kept apart from `core.py` so the drivers (the middleware, the simulator) and the core share these
 small types without the core's bookkeeping around them.
@@ -10,10 +11,11 @@ from __future__ import annotations
 import math
 import numbers
 from enum import Enum
+from typing import NamedTuple
 
 from .memory import MemorySample
 
-__all__ = ["COST_QUANTUM", "MAX_COST", "Outcome", "Ticket", "units_of_cost"]
+__all__ = ["COST_QUANTUM", "MAX_COST", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 
 COST_QUANTUM = 1 / 64  # costs are counted in 64ths: sums of them are exact in binary, so nothing drifts
 MAX_COST = float(1 << 20)
@@ -30,6 +32,13 @@ def units_of_cost(cost: object) -> float:
             f"request weighs about 1 (a batch of 8 images: 8; an image: its pixels / 224**2), got {cost!r}"
         )
     return max(COST_QUANTUM, round(weight / COST_QUANTUM) * COST_QUANTUM)
+
+
+class InFlight(NamedTuple):
+    """The requests in flight at one moment: slots taken, and requests by route (`RouteWeights`)."""
+
+    units: float
+    by_route: dict[object, float]
 
 
 class Outcome(Enum):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
 
 from ._accounts import ClassCounts, ServiceEstimates
 from ._admission import OVERLOAD_MODES, DrainRate, queue_up
@@ -28,7 +27,7 @@ from ._overload import OverloadDetector
 from ._queue import FairLine, FifoLine
 from ._route_weights import RouteWeights
 from ._swallowed import SwallowedOoms
-from ._tickets import MAX_COST, Outcome, Ticket, _Probe, units_of_cost
+from ._tickets import MAX_COST, InFlight, Outcome, Ticket, _Probe, units_of_cost
 from .control import Controller
 from .limiter import Limiter, Waiter
 from .memory import MemorySample
@@ -40,13 +39,6 @@ __all__ = ["ADMITTED", "GateCore", "InFlight", "Outcome", "Ticket", "units_of_co
 ADMITTED = "admitted"
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-
-
-class InFlight(NamedTuple):
-    """The requests in flight at one moment: slots taken, and requests by route (`RouteWeights`)."""
-
-    units: float
-    by_route: dict[object, float]
 
 
 class GateCore(CoreAnswers):
