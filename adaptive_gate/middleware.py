@@ -14,9 +14,10 @@ gives up its place at once.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from time import monotonic
 from typing import Any
@@ -31,14 +32,13 @@ from ._endpoints import Endpoints
 from ._line import wait_in_line
 from ._operations import Operations
 from ._routes import GatedRoute, RouteTable
-from .control import AIMD, Controller
+from .control import AIMD
 from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
 from .diagnostics import Diagnostics
 from .limiter import Waiter
 from .metrics import GateMetrics
 from .oom import any_in_chain, is_oom, tried_bytes
-from .options import HEALTH_PATHS, GateOptions
-from .probes import Probe
+from .options import gate_options, signature_of_options
 from .statistics import GateStatistics
 
 __all__ = ["AdaptiveGate", "ClientNotReading"]
@@ -55,58 +55,15 @@ class ClientNotReading(Exception):
 class AdaptiveGate:
     """Pure ASGI middleware: `app.add_middleware(AdaptiveGate, **options)`.
 
-    Options keep the meaning given in the README; see there for defaults and units. `controller`
-    and `diagnostics` are collaborators, not options: each gate needs its own. `clock` is the
-    monotonic clock the core's events are stamped with (a test can replay a run on a fake one).
+    The options, their defaults and what each accepts are declared once, in `GateOptions`
+    (`adaptive_gate.options`); the signature below is made from them. `controller`, `diagnostics`
+    and `clock` are collaborators, not settings: each gate needs its own.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        tag: str | list[str] | tuple[str, ...] | None = "gpu",
-        initial_limit: int | None = None,
-        min_limit: int = 1,
-        max_limit: int = 64,
-        max_queue: int = 128,
-        queue_timeout: float = 30.0,
-        probe: Probe | str | None = "auto",
-        controller: Controller | None = None,
-        status_path: str | None = "/gate/status",
-        reject_status: int = 503,
-        max_retry_after: int = 60,
-        sample_period: float = 0.1,
-        probe_timeout: float = 1.0,
-        metrics_path: str | None = "/gate/metrics",
-        dashboard_path: str | None = "/gate/dashboard",
-        ready_path: str | None = "/gate/ready",
-        limits_path: str | None = "/gate/limits",
-        admin_token: str | None = None,
-        unprotected: tuple[str, ...] | frozenset[str] = (),
-        health_paths: tuple[str, ...] = HEALTH_PATHS,
-        workers: int | None = None,
-        diagnostics: Diagnostics | None = None,
-        max_body_bytes: int = 32 << 20,
-        max_buffered_bytes: int = 256 << 20,
-        body_timeout: float = 30.0,
-        send_timeout: float = 30.0,
-        cost: Callable[[Scope], float] | None = None,
-        priority: str | Callable[[Scope], int] | None = None,
-        tenant: str | Callable[[Scope], str | None] | None = None,
-        priority_aging: float = 10.0,
-        overload: str = "lifo",
-        queue_target: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        options = dict(locals())
-        for collaborator in ("self", "app", "controller", "diagnostics", "clock", "__class__"):
-            options.pop(collaborator, None)
+    def __init__(self, app: ASGIApp, **options: Any) -> None:
         self.app = app
-        self.options = GateOptions(**options)
-        if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-            raise TypeError(
-                f"diagnostics must be an adaptive_gate.diagnostics.Diagnostics(...) or None, got {diagnostics!r}"
-            )
+        self.options = gate_options(options)
+        controller, diagnostics, clock = self.options.controller, self.options.diagnostics, self.options.clock
         self.core = GateCore(
             AIMD() if controller is None else controller,
             min_limit=self.options.min_limit,
@@ -342,3 +299,12 @@ class AdaptiveGate:
 
 def _not_reading(exc: BaseException) -> bool:
     return isinstance(exc, ClientNotReading)
+
+
+# What `help(AdaptiveGate)`, `inspect.signature` and editors show: the keywords of `GateOptions`.
+AdaptiveGate.__init__.__signature__ = signature_of_options(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("app", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="ASGIApp"),
+    ]
+)
