@@ -1,9 +1,9 @@
 """adaptive-gate: VRAM-aware admission control for FastAPI/Starlette services that run GPU inference."""
 
+from ._control.control import AIMD, Controller, Fixed
+from ._gate.limiter import Limiter, QueueFull, QueueTimeout
 from ._version import __version__
 from .batch import Batched, BatchStatistics, batch
-from .control import AIMD, Controller, Fixed
-from .limiter import Limiter, QueueFull, QueueTimeout
 from .memory import MemorySample
 from .middleware import AdaptiveGate
 from .oom import is_oom

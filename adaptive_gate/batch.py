@@ -48,11 +48,11 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ._batch_call import Call, run_to_end
-from ._batch_gate import BatchCapacity
-from ._batch_policy import BatchPolicy
-from ._batch_probe import BatchProbe
-from ._batching import Assembly, BatchStatistics, Entry, check_options, check_units
+from ._batch.batching import Assembly, BatchStatistics, Entry, check_options, check_units
+from ._batch.call import Call, run_to_end
+from ._batch.gate import BatchCapacity
+from ._batch.policy import BatchPolicy
+from ._batch.probe import BatchProbe
 from .oom import is_oom
 from .probes import Probe
 

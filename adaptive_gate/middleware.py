@@ -24,22 +24,23 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._answers import REJECTION_DETAILS, Answers
-from ._background import serve_lifespan
-from ._body import Body, BodyBudget, request_head
-from ._classify import Classifier
-from ._endpoints import Endpoints
-from ._line import wait_in_line
-from ._operations import Operations
-from ._routes import GatedRoute, RouteTable
-from .control import AIMD
-from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
-from .diagnostics import Diagnostics
-from .limiter import Waiter
-from .metrics import GateMetrics
+from ._control.control import AIMD
+from ._gate.core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
+from ._gate.limiter import Waiter
+from ._gate.statistics import GateStatistics
+from ._http.answers import REJECTION_DETAILS, Answers
+from ._http.background import serve_lifespan
+from ._http.body import Body, BodyBudget, request_head
+from ._http.classify import Classifier
+from ._http.endpoints import Endpoints
+from ._http.line import wait_in_line
+from ._http.operations import Operations
+from ._http.routes import RouteTable
+from ._observe.diagnostics import Diagnostics
+from ._observe.metrics import GateMetrics
+from ._observe.watch import GatedRoute
 from .oom import any_in_chain, is_oom, tried_bytes
 from .options import gate_options, signature_of_options
-from .statistics import GateStatistics
 
 __all__ = ["AdaptiveGate", "ClientNotReading"]
 

@@ -19,12 +19,10 @@ from typing import Any, TypeVar
 
 from starlette.types import Scope
 
-from ._admission import OVERLOAD_MODES
 from ._checks import check_int, check_seconds
-from ._classify import check_class_option
-from ._routes import normalise_tag
-from .control import Controller
-from .diagnostics import Diagnostics
+from ._control.control import Controller
+from ._gate.admission import OVERLOAD_MODES
+from ._observe.diagnostics import Diagnostics
 
 __all__ = [
     "HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateOptions", "gate_options", "option_table",
@@ -376,3 +374,19 @@ def _health_paths(health_paths: object) -> frozenset[str]:
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"health_paths must be paths starting with '/', such as '/healthz'; got {path!r}")
     return frozenset(health_paths)
+
+
+def normalise_tag(tag: object) -> str:
+    return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
+
+
+def check_class_option(name: str, value: object) -> object:
+    """`None`, a header name (kept lower-case, as ASGI gives header names), or a callable."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and value.strip() and value.isascii() and " " not in value:
+        return value.lower()
+    kind = "int" if name == "priority" else "str | None"
+    raise TypeError(
+        f'{name} must be None, a header name such as "x-{name}", or a callable (scope) -> {kind}; got {value!r}'
+    )

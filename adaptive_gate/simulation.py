@@ -21,11 +21,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .control import AIMD, Controller
-from .core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
-from .limiter import Waiter
+from ._control.control import AIMD, Controller
+from ._gate.core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
+from ._gate.limiter import Waiter
+from ._gate.statistics import LimitChange
 from .memory import MemorySample
-from .statistics import LimitChange
 from .testing import Allocation, SimulatedGPU
 
 __all__ = ["Phase", "SimulationResult", "simulate"]

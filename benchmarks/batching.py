@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptive_gate._batch_policy import BatchPolicy
-from adaptive_gate._batching import Assembly, Entry
+from adaptive_gate._batch.batching import Assembly, Entry
+from adaptive_gate._batch.policy import BatchPolicy
 
 GiB = 2**30
 RESULTS = Path(__file__).parent / "results"

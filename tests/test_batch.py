@@ -501,7 +501,7 @@ async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
 
 
 def test_the_gate_controller_has_the_controller_protocol_signatures() -> None:
-    from adaptive_gate._batch_gate import BatchCapacity
+    from adaptive_gate._batch.gate import BatchCapacity
     from adaptive_gate.control import Controller
 
     for name in ("on_success", "on_oom", "on_sample", "bind"):

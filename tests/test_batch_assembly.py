@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from adaptive_gate._batching import Assembly, Entry
+from adaptive_gate._batch.batching import Assembly, Entry
 
 
 class AssemblyMachine(RuleBasedStateMachine):

@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from adaptive_gate._batch_policy import BatchPolicy, ItemBytes, Knee
+from adaptive_gate._batch.policy import BatchPolicy, ItemBytes, Knee
 
 MiB = 2**20
 GiB = 2**30

@@ -1,4 +1,4 @@
-"""`adaptive_gate._batch_probe`: the batcher's probe, resolved once there is an answer, and its threads
+"""`adaptive_gate._batch.probe`: the batcher's probe, resolved once there is an answer, and its threads
 ended with the batched function."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import threading
 import anyio
 import pytest
 
-from adaptive_gate import _batch_probe, batch
+from adaptive_gate import batch
+from adaptive_gate._batch import probe as _batch_probe
 from adaptive_gate.testing import SimulatedGPU
 
 pytestmark = pytest.mark.anyio

@@ -17,7 +17,7 @@ from adaptive_gate import AdaptiveGate, Fixed
 from adaptive_gate.testing import SimulatedGPU
 from benchmarks.overload import Flow, Replay, capacity_per_s
 
-from .conftest import find_gate
+from .helpers import find_gate
 
 MODES = ["lifo", "shed", "off"]
 GiB = 1 << 30

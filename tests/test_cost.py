@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from adaptive_gate import AdaptiveGate, Fixed
-from adaptive_gate._queue import FairLine
+from adaptive_gate._gate.queue import FairLine
 from adaptive_gate.core import units_of_cost
 from adaptive_gate.limiter import Limiter, Waiter
 
-from .conftest import find_gate
+from .helpers import find_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -200,7 +200,7 @@ def test_a_tick_serves_a_waiter_that_the_line_put_first_meanwhile() -> None:
     """Found in review: in overload the fair line turns newest first within a tenant once its line
     has stood long enough, with nobody arriving or leaving; a light waiter that now came first and
     fits sat beside a free unit until some unrelated event."""
-    from adaptive_gate._overload import OverloadDetector
+    from adaptive_gate._gate.overload import OverloadDetector
 
     now_s = [0.0]
     detector = OverloadDetector(0.005)

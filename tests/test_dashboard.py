@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .helpers import image_bytes
 from .servers import free_port, wait_until_healthy
-from .test_demo_service import image_bytes
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "dashboard-test-token-0123456789"

@@ -11,7 +11,7 @@ from demo_service import Settings, create_app
 from demo_service.__main__ import parse_args, settings_from
 from demo_service.batching import batching_on
 
-from .test_demo_service import image_bytes
+from .helpers import image_bytes
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import signal
@@ -18,14 +17,13 @@ import httpx
 import pytest
 import torch
 from asgi_lifespan import LifespanManager
-from PIL import Image
 
 from demo_service import Settings, create_app
 from demo_service.__main__ import parse_args, parse_size, settings_from
 from demo_service.model import DEFAULT_MODEL, build_model, leaf_modules, weight_bytes
 from demo_service.policies import parse_policy
 
-from .conftest import find_gate
+from .helpers import find_gate, image_bytes
 from .servers import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.anyio
@@ -35,12 +33,6 @@ MiB = 2**20
 # default model must see in it.
 PHOTO = Path(__file__).parent / "data" / "grace_hopper.jpg"
 PHOTO_LABEL = "military uniform"
-
-
-def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (64, 48), mode: str = "RGB") -> bytes:
-    buffer = io.BytesIO()
-    Image.new(mode, size, 128).save(buffer, format=fmt)
-    return buffer.getvalue()
 
 
 def png_chunk(kind: bytes, data: bytes) -> bytes:

@@ -13,9 +13,7 @@ from fastapi import FastAPI
 from adaptive_gate import AdaptiveGate, Fixed, MemorySample
 from adaptive_gate.diagnostics import CODES, Diagnostics
 
-from .conftest import find_gate
-from .test_metrics import parse
-from .test_middleware import client_for, wait_until
+from .helpers import client_for, find_gate, parse, wait_until
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -14,8 +14,7 @@ from fastapi import FastAPI
 
 from adaptive_gate import AIMD, AdaptiveGate, Fixed, MemorySample
 
-from .conftest import find_gate
-from .test_middleware import Held, client_for, gated_app, wait_until
+from .helpers import Held, client_for, find_gate, gated_app, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -323,9 +322,9 @@ def test_status_json_is_plain_json() -> None:
 
 
 async def test_metrics_404_with_advice_where_prometheus_client_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import adaptive_gate.metrics
+    from adaptive_gate._observe import metrics
 
-    monkeypatch.setattr(adaptive_gate.metrics, "available", lambda: False)
+    monkeypatch.setattr(metrics, "available", lambda: False)
     app, _ = gated_app()
     async with client_for(app) as client:
         answer = await client.get("/gate/metrics")

@@ -28,9 +28,8 @@ from adaptive_gate import AdaptiveGate, Fixed, MemorySample
 from adaptive_gate.memory import MAX_BYTES
 
 from .asgi_helpers import RawClient, call, http_scope
-from .conftest import find_gate
+from .helpers import client_for, find_gate, gated_app, wait_until
 from .servers import free_port, serve, wait_for, wait_until_healthy
-from .test_middleware import client_for, gated_app, wait_until
 
 TOKEN = "t" * 32
 
@@ -332,7 +331,7 @@ async def test_a_probe_that_hangs_at_start_up_shows_in_the_status(monkeypatch: p
         release.wait(30)
         return None, "probe: none"
 
-    monkeypatch.setattr("adaptive_gate._operations.auto_probe", hanging_auto_probe)
+    monkeypatch.setattr("adaptive_gate._http.operations.auto_probe", hanging_auto_probe)
     app = echo_app(probe="auto", probe_timeout=0.02, sample_period=0.01)
     try:
         started_s = time.monotonic()

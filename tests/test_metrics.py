@@ -14,21 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from adaptive_gate import AdaptiveGate, Fixed
 from adaptive_gate.testing import SimulatedGPU
 
-from .conftest import find_gate
-from .test_middleware import client_for, wait_until
+from .helpers import client_for, find_gate, parse, wait_until
 
 pytestmark = pytest.mark.anyio
 
 MiB = 1 << 20
-
-
-def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the exposition: (name, sorted labels) -> value."""
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
 
 
 def busy_app(gpu: SimulatedGPU, **options: Any) -> FastAPI:

@@ -14,15 +14,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from adaptive_gate import AIMD, AdaptiveGate, Fixed
-from adaptive_gate._accounts import MAX_TENANTS, OTHER, ClassCounts
+from adaptive_gate._gate.accounts import MAX_TENANTS, OTHER, ClassCounts
 from adaptive_gate.core import ADMITTED, GateCore, Outcome
 from adaptive_gate.limiter import Waiter
 from benchmarks.overload import Flow, Replay, capacity_per_s
 
 from .asgi_helpers import RawClient, http_scope
-from .conftest import find_gate
-from .test_core import CoreMachine
-from .test_metrics import parse
+from .core_machine import CoreMachine
+from .helpers import find_gate, parse
 
 SERVICE_S = 1.0
 
@@ -293,7 +292,7 @@ def test_bad_options_say_what_is_wrong(options: dict[str, Any], error: type[Exce
 
 
 def test_a_priority_callable_that_raises_counts_as_zero() -> None:
-    from adaptive_gate._classify import Classifier
+    from adaptive_gate._http.classify import Classifier
 
     def broken(scope: Any) -> int:
         raise KeyError("x")
@@ -378,8 +377,8 @@ TestClassedCoreMachine = ClassedCoreMachine.TestCase
 async def test_a_waiter_buried_in_overload_is_answered_once_it_cannot_be_served_in_time() -> None:
     """A waiter that joined before the overload has the newer ones served first: it is answered as
     soon as they make it miss its deadline, not when the deadline comes."""
-    from adaptive_gate._body import Body
-    from adaptive_gate._line import wait_in_line
+    from adaptive_gate._http.body import Body
+    from adaptive_gate._http.line import wait_in_line
 
     now = [0.0]
     core = core_at(now)

@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from adaptive_gate._overload import BUCKETS, OverloadDetector
-from adaptive_gate._queue import FairLine, FifoLine, Waiter
+from adaptive_gate._gate.overload import BUCKETS, OverloadDetector
+from adaptive_gate._gate.queue import FairLine, FifoLine, Waiter
 from adaptive_gate.limiter import Limiter, QueueFull
 
 

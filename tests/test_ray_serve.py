@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adaptive_gate._workers import proc_stat_fields
+from adaptive_gate._observe.workers import proc_stat_fields
 
 from .servers import free_port, wait_until_healthy
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_gate import AIMD, Fixed
-from adaptive_gate._route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
+from adaptive_gate._control.route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
 from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.memory import MemorySample
 
@@ -196,7 +196,7 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
 def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:
     # Two apps mounted at /v1 and /v2 each have a "POST /predict": two routes, one label. The
     # status keyed them by label, so one weight hid the other; a label that is no str is shown as one.
-    from adaptive_gate._routes import GatedRoute
+    from adaptive_gate._observe.watch import GatedRoute
 
     v1, v2 = GatedRoute("POST /predict", True), GatedRoute("POST /predict", True)
     odd = GatedRoute("x", True)

@@ -15,7 +15,7 @@ from starlette.websockets import WebSocket
 
 from adaptive_gate import AdaptiveGate
 
-from .conftest import find_gate
+from .helpers import find_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -144,7 +144,7 @@ async def test_table_is_per_route_not_per_url() -> None:
 
 
 async def test_answers_per_path_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("adaptive_gate._routes.MAX_ANSWERS", 16)
+    monkeypatch.setattr("adaptive_gate._http.routes.MAX_ANSWERS", 16)
     app = build_app()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
         for i in range(100):

@@ -13,8 +13,7 @@ from fastapi import FastAPI
 
 from adaptive_gate import AdaptiveGate, MemorySample
 
-from .conftest import find_gate
-from .test_middleware import wait_until
+from .helpers import find_gate, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -253,7 +252,7 @@ async def test_probe_threads_end_with_their_runs() -> None:
 async def test_each_reading_comes_with_the_requests_in_flight_read_beside_it_on_the_probes_thread() -> None:
     """A loop busy for 30 ms admits and releases whole requests between a reading and its handling:
     the count that goes with a reading is taken on the probe's thread, just before and just after."""
-    from adaptive_gate._sampler import Sampler
+    from adaptive_gate._observe.sampler import Sampler
 
     events: list[tuple[str, int]] = []
 

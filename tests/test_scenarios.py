@@ -7,25 +7,17 @@ the middleware on a SimulatedGPU.
 
 from __future__ import annotations
 
-import gc
-import statistics
 import threading
 import time
 
-import anyio
-import httpx
 import pytest
 from asgi_lifespan import LifespanManager
-from fastapi import FastAPI
 
-from adaptive_gate import AIMD, AdaptiveGate
 from adaptive_gate.simulation import Phase, SimulationResult, simulate
 from adaptive_gate.testing import SimulatedGPU
 
-from .conftest import find_gate
+from .helpers import CARD, GiB, classic_app, find_gate, hammer
 
-GiB = 2**30
-CARD = 24 * GiB
 WEIGHTS = 8 * GiB
 
 
@@ -104,59 +96,6 @@ def test_replays_are_deterministic() -> None:
 
 
 # -- real time, through the middleware ----------------------------------------------------------
-
-
-def classic_app(gpu: SimulatedGPU, request_bytes: list[int]) -> FastAPI:
-    # Requests last 30 ms instead of 100, and the sampler reads every 10 ms to match, so that seconds
-    # of real time show what minutes show in production.
-    controller = AIMD(oom_hold_s=6.0)
-    app = FastAPI()
-    app.add_middleware(
-        AdaptiveGate, probe=gpu, controller=controller, sample_period=0.01, queue_timeout=10, max_queue=256
-    )
-
-    @app.post("/infer", tags=["gpu"])
-    def infer() -> dict[str, bool]:
-        with gpu.holding(request_bytes[0], work_s=0.03):
-            pass
-        return {"ok": True}
-
-    return app
-
-
-async def hammer(app: FastAPI, seconds: float, clients: int = 12) -> tuple[dict[int, int], float]:
-    """Closed-loop clients for `seconds`; returns the answers and the median limit of the second half."""
-    codes: dict[int, int] = {}
-    started = anyio.current_time()
-    stop_at = started + seconds
-    limits: list[int] = []
-
-    async def client_loop(client: httpx.AsyncClient) -> None:
-        while anyio.current_time() < stop_at:
-            response = await client.post("/infer")
-            codes[response.status_code] = codes.get(response.status_code, 0) + 1
-            if response.status_code == 503:
-                await anyio.sleep(0.01)
-
-    async def watch() -> None:
-        await anyio.sleep(seconds / 2)
-        while anyio.current_time() < stop_at:
-            limits.append(find_gate(app).core.limiter.limit)
-            await anyio.sleep(0.05)
-
-    # Whatever earlier tests left on the heap (models, apps) must not pause these 30 ms requests
-    # for a full collection in the middle of a measurement: freeze it out of the collector's way.
-    gc.collect()
-    gc.freeze()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t", timeout=30) as client:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                for _ in range(clients):
-                    tg.start_soon(client_loop, client)
-    finally:
-        gc.unfreeze()
-    return codes, statistics.median(limits)
 
 
 # Real threads on a shared 2-core machine: the limit is judged by its median over the second half

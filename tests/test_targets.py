@@ -76,10 +76,15 @@ def test_a_request_that_never_fits_is_too_large_and_teaches_nothing() -> None:
 
 
 def test_the_readme_shows_the_tables_the_results_make() -> None:
-    """The README's benchmark tables are rendered from `benchmarks/results/*.json`
+    """The README's results table and its word on cost are rendered from `benchmarks/results/*.json`
     (`python -m benchmarks.report --readme`): a figure edited by hand, or results rerun without
-    rendering them, fail here."""
-    from benchmarks.report import README, rendered
+    rendering them, fail here. The README says what holds, not when: no date, no commit."""
+    import re
+
+    from benchmarks.report import README, rendered, summary_rows
 
     text = README.read_text()
     assert rendered(text) == text
+    assert summary_rows() and summary_rows()[0] in text
+    dated = re.search(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{12,40}\b", text)
+    assert dated is None, f"the README holds a date or a commit: {dated.group()}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -94,20 +95,69 @@ def test_thread_safe_accounting() -> None:
     assert gpu.used_bytes == 0 and gpu.peak_bytes <= 8 * GiB
 
 
-def test_compute_slows_past_the_knee() -> None:
-    gpu = SimulatedGPU(GiB, knee=1)
+class VirtualTime:
+    """A clock for threads that sleep on it: it moves on only when every thread taking part is
+    asleep (or done), to the earliest wake-up. How long work took is then the model's figure,
+    whatever the machine's speed and however the threads are scheduled."""
 
-    def timed(n: int) -> float:
-        threads = [threading.Thread(target=gpu.compute, args=(0.05,)) for _ in range(n)]
-        started = time.perf_counter()
-        for t in threads:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self._changed = threading.Condition()
+        self._awake = 0
+        self._wakeups: list[float] = []
+
+    def sleep(self, duration_s: float) -> None:
+        with self._changed:
+            wake_s = self.now_s + duration_s
+            self._wakeups.append(wake_s)
+            self._awake -= 1
+            self._advance()
+            while self.now_s < wake_s:
+                self._changed.wait()
+
+    def run(self, target: Callable[[], None], threads: int) -> float:
+        """Run `target` in `threads` threads at once; the virtual seconds until the last one ends."""
+
+        def one() -> None:
+            try:
+                target()
+            finally:
+                with self._changed:
+                    self._awake -= 1
+                    self._advance()
+
+        started_s = self.now_s
+        self._awake = threads  # the clock waits for all of them, however late a thread starts
+        workers = [threading.Thread(target=one) for _ in range(threads)]
+        for t in workers:
             t.start()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - started
+        for t in workers:
+            t.join(timeout=30)  # a guard against a hang, not a bound on the work
+            assert not t.is_alive()
+        return self.now_s - started_s
 
-    # Four jobs on a knee of one share the card: about four times as long as one (loose bounds).
-    assert timed(4) > 2.5 * timed(1)
+    def _advance(self) -> None:
+        if self._awake == 0 and self._wakeups:
+            self.now_s = min(self._wakeups)
+            woken = [w for w in self._wakeups if w <= self.now_s]
+            self._wakeups = [w for w in self._wakeups if w > self.now_s]
+            self._awake += len(woken)
+            self._changed.notify_all()
+
+
+def test_compute_slows_past_the_knee(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = SimulatedGPU(GiB, knee=1)
+    clock = VirtualTime()
+    monkeypatch.setattr("adaptive_gate.testing.time", SimpleNamespace(sleep=clock.sleep))
+
+    alone_s = clock.run(lambda: gpu.compute(0.05), threads=1)
+    shared_s = clock.run(lambda: gpu.compute(0.05), threads=4)
+    assert alone_s == pytest.approx(0.05)
+    # Four jobs on a knee of one share the card: four times as long as one (less the first tick of
+    # those that started before the others had joined).
+    assert shared_s == pytest.approx(4 * 0.05, rel=0.05)
+    roomy = SimulatedGPU(GiB, knee=4)
+    assert clock.run(lambda: roomy.compute(0.05), threads=4) == pytest.approx(0.05)  # up to the knee: full speed
 
 
 @pytest.mark.parametrize(

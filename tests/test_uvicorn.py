@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from adaptive_gate import AdaptiveGate, Fixed
 
-from .conftest import find_gate
+from .helpers import find_gate
 from .servers import serve, wait_for
 
 

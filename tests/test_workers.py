@@ -15,12 +15,11 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from adaptive_gate import AdaptiveGate
-from adaptive_gate._workers import detect_workers
+from adaptive_gate._observe.workers import detect_workers
 from adaptive_gate.testing import SimulatedGPU
 
-from .conftest import find_gate
+from .helpers import CARD, GiB, classic_app, find_gate, hammer
 from .servers import free_port
-from .test_scenarios import CARD, GiB, classic_app, hammer
 
 WEIGHTS = 4 * GiB  # each worker loads its own copy of the model
 

@@ -26,14 +26,14 @@ served, under every mode.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ._queue import Waiter
+from .accounts import ServiceEstimates
+from .limiter import Limiter
+from .overload import OverloadDetector
+from .queue import Waiter
 
-if TYPE_CHECKING:
-    from .core import GateCore
-
-__all__ = ["OVERLOAD_MODES", "DrainRate", "queue_up"]
+__all__ = ["OVERLOAD_MODES", "DrainRate", "Queueing", "queue_up"]
 
 OVERLOAD_MODES = ("lifo", "shed", "off")
 DRAIN_WINDOW_S = 10.0
@@ -41,13 +41,30 @@ DRAIN_MIN_SPAN_S = 0.5  # below this, a rate is mostly noise
 DRAIN_POINT_EVERY_S = 0.1
 
 
+class Queueing(Protocol):
+    """What the line is judged by: the core's limiter, overload detector and service times."""
+
+    limiter: Limiter
+    detector: OverloadDetector | None
+    services: ServiceEstimates
+    overload: str
+    queue_target_s: float | None
+
+    def expected_wait_s(self, ahead: int) -> float | None: ...
+
+
 def queue_up(
-    core: GateCore, timeout_s: float, service_s: float, priority: int, tenant: str | None, units: float = 1
+    core: Queueing,
+    now_s: float,
+    timeout_s: float,
+    service_s: float,
+    priority: int,
+    tenant: str | None,
+    units: float = 1,
 ) -> str | Waiter:
     """No free slot: a place in the line, or the reason there is none (see the module's docstring)."""
     limiter, detector = core.limiter, core.detector
     line = limiter.line
-    now_s = core._clock()
     if detector is not None and core.queue_target_s is None:
         mean_s = core.services.mean_s()
         if mean_s is not None:
@@ -80,7 +97,7 @@ def queue_up(
     return limiter.join(Waiter(priority, tenant, now_s + budget_s, units))
 
 
-def answer_the_buried(core: GateCore, now_s: float, priority: int) -> None:
+def answer_the_buried(core: Queueing, now_s: float, priority: int) -> None:
     """Newest first in overload: whoever has everybody newer served before it, and could no longer
     start before its latest start even so, will not be served. Answer them now (`503 deadline`, the
     oldest first), so their clients can go elsewhere at once, and the line stays as deep as is

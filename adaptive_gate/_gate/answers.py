@@ -10,10 +10,11 @@ import math
 import random
 from collections.abc import Callable
 
-from ._admission import DrainRate
-from ._tickets import _Probe
+from .admission import DrainRate
+from .figures import Counters, RecentValues
 from .limiter import Limiter
-from .status import Counters, RecentValues
+from .operator import OperatorBounds
+from .tickets import _Probe
 
 __all__ = ["CoreAnswers"]
 
@@ -29,8 +30,17 @@ class CoreAnswers:
     drain: DrainRate
     probe: _Probe
     max_retry_after_s: int
+    operator: OperatorBounds | None
+    min_limit: int
+    max_limit: int
     _clock: Callable[[], float]
     _random: random.Random
+
+    def bounds(self) -> tuple[int, int]:
+        """The bounds in force: the operator's where set, else the configured ones."""
+        if self.operator is None:
+            return self.min_limit, self.max_limit
+        return self.operator.min_limit, self.operator.max_limit
 
     def expected_wait_s(self, ahead: int) -> float | None:
         """How long one more request behind `ahead` others would wait, from recent service times."""

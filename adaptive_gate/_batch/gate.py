@@ -11,20 +11,26 @@ a 503, and the batch size it left behind lowers the limit on the next event.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .memory import MemorySample
-
-if TYPE_CHECKING:
-    from .batch import Batched
+from ..memory import MemorySample
+from .batching import BatchStatistics
 
 __all__ = ["BatchCapacity"]
+
+
+class Batcher(Protocol):
+    """What the controller reads of a batcher (`adaptive_gate.batch.Batched`)."""
+
+    def capacity(self) -> int: ...
+
+    def statistics(self) -> BatchStatistics: ...
 
 
 class BatchCapacity:
     """`AdaptiveGate(app, controller=batched.gate_controller())`: the limit follows the batcher."""
 
-    def __init__(self, batched: Batched[Any, Any]) -> None:
+    def __init__(self, batched: Batcher) -> None:
         self._batched = batched
         self.min_limit = 1
         self.max_limit = 1

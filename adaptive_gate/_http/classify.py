@@ -15,25 +15,13 @@ from typing import Any
 
 from starlette.types import Scope
 
-from ._accounts import PRIORITY_MAX, PRIORITY_MIN
+from .._gate.accounts import PRIORITY_MAX, PRIORITY_MIN
 
-__all__ = ["Classifier", "check_class_option"]
+__all__ = ["Classifier"]
 
 logger = logging.getLogger("adaptive_gate")
 
 MAX_TENANT_CHARS = 64
-
-
-def check_class_option(name: str, value: object) -> object:
-    """`None`, a header name (kept lower-case, as ASGI gives header names), or a callable."""
-    if value is None or callable(value):
-        return value
-    if isinstance(value, str) and value.strip() and value.isascii() and " " not in value:
-        return value.lower()
-    kind = "int" if name == "priority" else "str | None"
-    raise TypeError(
-        f'{name} must be None, a header name such as "x-{name}", or a callable (scope) -> {kind}; got {value!r}'
-    )
 
 
 class Classifier:

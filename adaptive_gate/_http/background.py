@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._sampler import BackgroundLoop, Monitor, Sampler
+from .._observe.sampler import BackgroundLoop, Monitor, Sampler
 
 __all__ = ["Background", "serve_lifespan"]
 

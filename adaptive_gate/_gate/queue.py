@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 import anyio
 
-from ._overload import OverloadDetector
+from .overload import OverloadDetector
 
 __all__ = ["FairLine", "FifoLine", "Waiter"]
 

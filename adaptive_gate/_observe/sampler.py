@@ -24,8 +24,8 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from .memory import MemorySample, check_sample
-from .probes import Probe
+from ..memory import MemorySample, check_sample
+from ..probes import Probe
 
 logger = logging.getLogger("adaptive_gate")
 

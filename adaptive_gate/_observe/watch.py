@@ -12,13 +12,22 @@ import math
 import time
 from collections import deque
 
-from ._routes import GatedRoute
-from .core import Ticket
+from .._gate.core import Ticket
+from .._gate.limiter import LimiterStatistics
+from ..memory import MemorySample
 from .diagnostics import Diagnostics
-from .limiter import LimiterStatistics
-from .memory import MemorySample
 
-__all__ = ["History", "Watch"]
+__all__ = ["GatedRoute", "History", "Watch"]
+
+
+class GatedRoute:
+    """What the diagnostics need of a gated route: how to name it, and whether it is `async def`."""
+
+    __slots__ = ("label", "is_async")
+
+    def __init__(self, label: str, is_async: bool) -> None:
+        self.label = label
+        self.is_async = is_async
 
 
 class History:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 import time
 
-from ._sampler import ProbeHung, ProbeThread
-from .memory import MemorySample, check_sample
-from .probes import Probe, auto_probe
+from .._observe.sampler import ProbeHung, ProbeThread
+from ..memory import MemorySample, check_sample
+from ..probes import Probe, auto_probe
 
 __all__ = ["BatchProbe", "PeakWatch"]
 

@@ -11,10 +11,10 @@ import logging
 
 from starlette.types import Receive, Scope, Send
 
-from ._body import Body, BodyBudget, ReadOutcome, read_body
-from ._endpoints import send_json
-from .core import GateCore, Ticket
-from .options import GateOptions
+from .._gate.core import GateCore, Ticket
+from ..options import GateOptions
+from .body import Body, BodyBudget, ReadOutcome, read_body
+from .endpoints import send_json
 
 __all__ = ["CLOSE", "REJECTION_DETAILS", "Answers"]
 

@@ -13,7 +13,7 @@ import numbers
 from enum import Enum
 from typing import NamedTuple
 
-from .memory import MemorySample
+from ..memory import MemorySample
 
 __all__ = ["COST_QUANTUM", "MAX_COST", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 

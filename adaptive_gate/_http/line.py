@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import anyio
 
-from ._body import Body, ReadOutcome
-from .core import GateCore
-from .limiter import Waiter
+from .._gate.core import GateCore
+from .._gate.limiter import Waiter
+from .body import Body, ReadOutcome
 
 __all__ = ["wait_in_line"]
 

@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from ._checks import check_fraction
+from .._checks import check_fraction
 
 __all__ = ["BatchLimits", "BatchPolicy", "ItemBytes", "Knee"]
 

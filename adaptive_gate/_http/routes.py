@@ -13,7 +13,6 @@ so with Starlette alone only `tag=None` (gate every request) or routes carrying 
 
 from __future__ import annotations
 
-import enum
 import inspect
 import logging
 import re
@@ -24,23 +23,12 @@ from typing import Any
 from starlette.routing import Host, Match, Mount, Route, WebSocketRoute
 from starlette.types import Scope
 
+from .._observe.watch import GatedRoute
+from ..options import normalise_tag
+
 logger = logging.getLogger("adaptive_gate")
 
 MAX_ANSWERS = 1024
-
-
-def normalise_tag(tag: object) -> str:
-    return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
-
-
-class GatedRoute:
-    """What the diagnostics need of a gated route: how to name it, and whether it is `async def`."""
-
-    __slots__ = ("label", "is_async")
-
-    def __init__(self, label: str, is_async: bool) -> None:
-        self.label = label
-        self.is_async = is_async
 
 
 class _Node:

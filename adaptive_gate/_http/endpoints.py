@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from ._operator import LimitsError
-from .options import PATH_OPTIONS, GateOptions
-from .status import render_json
+from .._gate.operator import LimitsError
+from .._observe.status import render_json
+from ..options import PATH_OPTIONS, GateOptions
 
 __all__ = ["Endpoints", "GateControl", "LimitsError", "send_bytes", "send_json"]
 
@@ -82,7 +82,7 @@ async def send_json(
 
 @functools.cache
 def _page(name: str) -> bytes:
-    return resources.files("adaptive_gate").joinpath(name).read_bytes()
+    return resources.files("adaptive_gate._http").joinpath(name).read_bytes()
 
 
 class Endpoints:
@@ -154,11 +154,11 @@ class Endpoints:
     async def _metrics(gate: GateControl, send: Send, head: bool) -> None:
         body = gate.metrics_body()
         if body is None:
-            from .metrics import MISSING
+            from .._observe.metrics import MISSING
 
             await send_json(send, 404, {"detail": MISSING}, head=head)
             return
-        from .metrics import CONTENT_TYPE
+        from .._observe.metrics import CONTENT_TYPE
 
         await send_bytes(send, 200, body, content_type=CONTENT_TYPE.encode(), head=head)
 

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from ._checks import check_int, check_seconds
+from .._checks import check_int, check_seconds
 
 __all__ = [
     "MAX_UNITS",

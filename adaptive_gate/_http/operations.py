@@ -14,20 +14,20 @@ from typing import Any
 
 import anyio.to_thread
 
-from . import metrics as _metrics
-from ._background import FIRST_READING_WAIT_S, Background
-from ._operator import parse_limits
-from ._sampler import Monitor, Sampler
-from ._version import __version__
-from ._watch import Watch
-from ._workers import WorkerCount
-from .core import GateCore, InFlight, Outcome
-from .diagnostics import Diagnostics
-from .memory import MemorySample
-from .options import GateOptions
-from .probes import Probe, auto_probe, device_label
-from .statistics import GateStatistics, LimitChange
-from .status import status_document
+from .._gate.core import GateCore, InFlight, Outcome
+from .._gate.operator import parse_limits
+from .._gate.statistics import GateStatistics, LimitChange
+from .._observe import metrics as _metrics
+from .._observe.diagnostics import Diagnostics
+from .._observe.sampler import Monitor, Sampler
+from .._observe.status import status_document
+from .._observe.watch import Watch
+from .._observe.workers import WorkerCount
+from .._version import __version__
+from ..memory import MemorySample
+from ..options import GateOptions
+from ..probes import Probe, auto_probe, device_label
+from .background import FIRST_READING_WAIT_S, Background
 
 __all__ = ["MONITOR_PERIOD_S", "Operations"]
 

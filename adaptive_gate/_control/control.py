@@ -1,0 +1,356 @@
+"""Controllers: how many gated requests may run at once, learned from what the gate observes.
+
+A controller is arithmetic on events. It never reads a clock, sleeps or does I/O: the gate feeds it
+what happened (a request finished after so many seconds, an out-of-memory error, a memory sample
+taken with so many requests in flight) together with the time, and reads `limit` back. This is what
+lets the simulator in the tests replay hours of traffic in a fraction of a second, exactly.
+
+`AIMD`, the default, has two regimes:
+
+* where a probe reads memory, the limit is what one model of the card says fits
+  (`memory_model.MemoryModel`): the others' bytes, our requests' bytes, and the levels OOMs showed
+  not to fit in the room the card had then. Nothing else holds it lower;
+* where memory is not read (or our requests hold next to nothing on the card), additive increase
+  and multiplicative decrease on OOMs: +1 per window of `limit` successes while demand waits
+  (doubling per window until the first cut), halved on an OOM, and the level that ran out not tried
+  again for a while.
+
+Latency is not used: on a GPU it is flat until the memory runs out, and where it moves it moves as
+often with the event loop and the machine's other work as with concurrency.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partialmethod
+from typing import Any, Protocol, runtime_checkable
+
+from .._checks import check_fraction
+from ..memory import MemorySample
+from .memory_model import MemoryModel
+
+__all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
+
+GiB = 2**30
+MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
+    where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
+    `allocation_failed(nbytes, units)`."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None: ...
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None: ...
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None: ...
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class _Bounds:
+    """`min_limit`/`max_limit` as handed over by the gate, shared by every controller."""
+
+    min_limit = 1
+    max_limit = 1
+    _bound = False
+
+    def _bind_bounds(self, min_limit: int, max_limit: int) -> None:
+        if self._bound and (min_limit, max_limit) != (self.min_limit, self.max_limit):
+            raise RuntimeError(
+                "this controller is already used by another gate with other bounds; give each gate its own"
+            )
+        self.min_limit, self.max_limit, self._bound = min_limit, max_limit, True
+
+    def _clamp(self, value: int) -> int:
+        return max(self.min_limit, min(self.max_limit, value))
+
+
+class Fixed(_Bounds):
+    """A fixed limit: the hand-tuned `Semaphore(N)`, for comparison and for users who know N."""
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"Fixed(limit) needs an int >= 1, got {limit!r}")
+        self._wanted = limit
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def epoch(self) -> int:
+        return 0
+
+    @property
+    def reason(self) -> str:
+        return "fixed"
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        self._bind_bounds(min_limit, max_limit)
+        self._limit = self._clamp(self._wanted)
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        pass
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float) -> None:
+        pass
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"controller": "fixed", "bound": "controller"}
+
+
+class AIMD(_Bounds):
+    """The limit from one model of the card where memory is read; AIMD on OOMs where it is not.
+
+    Knobs (all keyword arguments):
+
+    * `memory=MemoryModel(target_utilisation=1.0)`: the model of the card; its one knob is how
+      full the card may get (below 1, a margin the OOMs need not teach).
+    * `increase_step=1`: without readings, added to the limit after a window of `limit` successes
+      with demand waiting.
+    * `slow_start=True`: without readings, until the first cut add `increase_step` per success
+      instead (the limit doubles per window), so a big card is found in a few windows.
+    * `oom_backoff=0.5`: without readings, the factor applied on an OOM, once per congestion event
+      (errors from requests admitted before the last cut do not cut again).
+    * `oom_hold_s=30.0`: without readings, how long the level that ran out is not grown into again;
+      doubled at each further OOM there, up to ten minutes (`MAX_OOM_HOLD_S`).
+    """
+
+    def __init__(
+        self,
+        *,
+        memory: MemoryModel | None = None,
+        increase_step: int = 1,
+        slow_start: bool = True,
+        oom_backoff: float = 0.5,
+        oom_hold_s: float = 30.0,
+    ) -> None:
+        if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
+            raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
+        self.increase_step = increase_step
+        self.slow_start = bool(slow_start)
+        self.oom_backoff = check_fraction("oom_backoff", oom_backoff, high=0.99)
+        if not 0 <= oom_hold_s <= MAX_OOM_HOLD_S:  # NaN too
+            raise ValueError(f"oom_hold_s must be within [0, {MAX_OOM_HOLD_S:g}] seconds, got {oom_hold_s}")
+        self.oom_hold_s = float(oom_hold_s)
+        if memory is not None and not isinstance(memory, MemoryModel):
+            raise TypeError(f"memory must be an adaptive_gate.memory_model.MemoryModel, got {memory!r}")
+        self.memory = memory if memory is not None else MemoryModel()
+
+        self._aimd_limit = 1
+        self._limit = 1
+        self._epoch = 0
+        self._reason = "start"
+        self._window_successes = 0
+        self._in_slow_start = self.slow_start
+        self._now_s = -math.inf  # the latest time an event carried
+        # Without readings: the fewest in flight that ran out lately, until when, and for how long.
+        self._held_from: int | None = None
+        self._held_until_s = -math.inf
+        self._hold_s = self.oom_hold_s
+        self._last_oom_s = -math.inf
+        self.ooms_seen = 0
+        # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes, units, and
+        # whether the model took it for a change of sizes
+        self._allocation: tuple[float, float, bool] | None = None
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        self._bind_bounds(min_limit, max_limit)
+        self._aimd_limit = self._clamp(min_limit if initial_limit is None else initial_limit)
+        self._update("start")
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        self._now_s = max(self._now_s, now_s)
+        self.memory.mix_success()
+        if not demand or self._reads_memory() or self.memory.learning:
+            return  # the model decides; or memory is read but not understood yet: no blind growth
+        self._window_successes += 1
+        window = 1 if self._in_slow_start else self._aimd_limit
+        if self._window_successes < window:
+            return
+        self._window_successes = 0
+        grown = min(self.max_limit, self._aimd_limit + self.increase_step)
+        if self._held_from is not None and grown >= self._held_from and now_s < self._held_until_s:
+            return  # that level ran out of memory lately
+        self._aimd_limit = grown
+        self._update("slow start" if self._in_slow_start else "additive increase")
+
+    def on_oom(self, *, now_s: float, epoch: int | None, in_flight: float, placed: bool = True) -> None:
+        """An OOM while `in_flight` requests (the failed one included; units of `cost`) ran. Not
+        `placed` (`on_swallowed_oom`: the app's own, seen in the probe's count, beside how many
+        unknown): weaker evidence, forgotten sooner."""
+        self._now_s = max(self._now_s, now_s)
+        self.ooms_seen += 1
+        level = max(self.min_limit + 1, math.ceil(in_flight))
+        if self._reads_memory():
+            allocation, self._allocation = self._allocation, None
+            learned = allocation is not None and allocation[2]
+            stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
+            if epoch is not None and epoch < self._epoch:
+                return  # admitted before the last correction: the same pile-up, nothing new
+            if placed and self.memory.is_mix():
+                self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
+            elif not learned:
+                # The model said `level` fitted in the room the card had: it did not. That room and
+                # the level are kept; the limit goes below the level until the card reads roomier.
+                # Weaker evidence is kept for a short while: an OOM the app caught itself, or one
+                # that its own request's size explains (a large one left from before the sizes
+                # shrank), which says little of how many of the model's requests fit.
+                self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed and not stray)
+            self._epoch += 1
+            self._update("out of memory", at_most=self._limit)  # an OOM never raises the limit
+            return
+        if epoch is not None and epoch < self._epoch:
+            return  # admitted under a limit already cut for this congestion event
+        if now_s - self._last_oom_s > MAX_OOM_HOLD_S:
+            self._held_from, self._hold_s = None, self.oom_hold_s  # a long quiet spell: start afresh
+        if self._held_from is not None and level >= self._held_from:
+            self._hold_s = min(MAX_OOM_HOLD_S, self._hold_s * 2)  # a known-bad level, again
+        else:
+            self._held_from, self._hold_s = level, self.oom_hold_s
+        self._last_oom_s, self._held_until_s = now_s, now_s + self._hold_s
+        cut_to = min(math.floor(self._limit * self.oom_backoff), self._limit - 1, level - 1)
+        self._aimd_limit = max(self.min_limit, cut_to)
+        self._in_slow_start = False
+        self._window_successes = 0
+        self._epoch += 1
+        self._update("out of memory")
+
+    on_swallowed_oom = partialmethod(on_oom, placed=False)  # optional in the protocol (`GateCore.sample`)
+
+    def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+        self._now_s = max(self._now_s, now_s)
+        self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
+        # Up at most twofold a reading: the first readings are of few requests, and in a mix of
+        # sizes one small one read alone sized the card for ten, and ten ran out of memory at once.
+        self._update("memory", at_most=2 * self._limit)
+
+    def allocation_failed(self, nbytes: float, units: float) -> bool:
+        """Optional in the protocol, called before `on_oom`: the OOM of a request of `units` named
+        the allocation of `nbytes` that failed. True where it never fits (`too_large`: no `on_oom`
+        follows). Else the model learns from its size (`MemoryModel.learn_size`), and the `on_oom`
+        that follows bars no level where that size alone explains it."""
+        if self.memory.never_fits(nbytes):
+            return True
+        # Kept for the `on_oom` that follows, with whether the model took it for a change of sizes.
+        self._allocation = (nbytes, units, self.memory.learn_size(nbytes, units))
+        return False
+
+    def units_changed(self) -> None:
+        """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
+        request. The memory model's line was drawn, and its OOMs' levels counted, in the old slots;
+        its estimates carry over (a change of weights keeps the scale: a slot holds the bytes it held)."""
+        self.memory.units_changed()
+
+    def describe(self) -> dict[str, Any]:
+        est = self.memory.estimate()
+        room = self.memory.room()
+        described: dict[str, Any] = {
+            "controller": "aimd",
+            "bound": self._active_bound(),
+            "why": self._why(),
+            "epoch": self._epoch,
+            "aimd_limit": None if est is not None else self._aimd_limit,
+            "oom": self.memory.ooms.describe(self._now_s, room),
+            "memory_model": None,
+        }
+        if est is not None:
+            described["memory_model"] = {
+                "baseline_bytes": round(est.baseline_bytes),
+                "per_request_bytes": round(est.per_request_bytes),
+                "per_request_spread_bytes": round(est.spread_bytes),
+                "total_bytes": est.total_bytes,
+                "room": None if room is None else round(room, 2),
+                "cap": self.memory.cap(self._now_s),
+                "target_utilisation": self.memory.target_utilisation,
+                "samples": self.memory.samples,
+            }
+        return described
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _reads_memory(self) -> bool:
+        return self.memory.estimate() is not None
+
+    def _wanted(self) -> tuple[int, str]:
+        """The limit before the bounds, and what sets it."""
+        cap = self.memory.cap(self._now_s)
+        if cap is None:
+            return self._aimd_limit, "controller"
+        if self.memory.ooms.describe(self._now_s, self.memory.room()) is not None and cap == self._oom_cap():
+            return cap, "oom"
+        return cap, "memory"
+
+    def _oom_cap(self) -> int | None:
+        room = self.memory.room()
+        barred = None if room is None else self.memory.ooms.barred_from(self._now_s, room)
+        return None if barred is None else barred - 1
+
+    def _active_bound(self) -> str:
+        wanted, bound = self._wanted()
+        if wanted >= self.max_limit:
+            return "max_limit"
+        if wanted <= self.min_limit and bound != "controller":
+            return "min_limit"
+        return bound
+
+    def _why(self) -> str:
+        """One line: why the limit is what it is, with the figures behind it."""
+        bound = self._active_bound()
+        est = self.memory.estimate()
+        if est is None:
+            if self.memory.learning:
+                return f"reading memory: {self.memory.busy_samples} busy readings, no request's bytes seen yet"
+            held = self._held_from is not None and self._now_s < self._held_until_s
+            oom = f"; {self._held_from} ran out of memory, held until {self._held_until_s:.1f} s" if held else ""
+            return f"AIMD on OOMs (memory not read): limit {self._aimd_limit}{oom}"
+        room_gib = (self.memory.target_utilisation * est.total_bytes - est.baseline_bytes) / GiB
+        figures = (
+            f"{room_gib:.2f} GiB of room beside {est.baseline_bytes / GiB:.2f} GiB of others', "
+            f"{est.per_request_bytes / GiB:.2f} GiB a request"
+        )
+        if bound == "oom":
+            state = self.memory.ooms.describe(self._now_s, self.memory.room())
+            assert state is not None
+            level, age_s, room_then = state["level"], state["age_s"], state["room_then"]
+            return f"{level} ran out of memory {age_s:.1f} s ago with room for {room_then}; {figures}"
+        return f"{bound}: {figures}"
+
+    def _update(self, reason: str, at_most: int | None = None) -> None:
+        wanted = self._wanted()[0]
+        new_limit = self._clamp(wanted if at_most is None else min(wanted, at_most))
+        if new_limit != self._limit:
+            self._reason = reason
+            self._limit = new_limit

@@ -1,0 +1,421 @@
+"""One model of the card's memory: the others' bytes, our requests' bytes, and what OOMs taught.
+
+What the card holds is the others' bytes (weights, the CUDA context, caches, neighbour processes)
+plus each of our requests' bytes. The manual recipe is "measure used memory with nothing running,
+then with one request, and take the difference". `MemoryModel` does it continuously from (in
+flight, used) readings, and follows a neighbour process, inputs that grow and a mix of sizes. The
+limit is what fits: the requests in flight (committed, whether they have allocated yet or not) and
+one more, beside the others' bytes, under `target_utilisation` of the card.
+
+An out-of-memory error says the model was wrong about the card as it was then: that so many did
+not fit in the room the readings showed. It is kept as such (`OomStates`): that level does not
+fit while the card is no roomier than then, and comes back the moment the readings say the card
+changed (a neighbour left, inputs shrank), with no timer to wait out.
+
+Like the controllers it is arithmetic on observations: the time is passed in, so the simulator
+replays it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from .._checks import check_fraction
+from .oom_states import OomStates
+
+__all__ = ["BLIND_GROWTH_AFTER_SAMPLES", "MemoryEstimate", "MemoryModel", "OomStates"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    baseline_bytes: float  # the others' bytes: what the card holds with none of ours in flight
+    per_request_bytes: float
+    total_bytes: int
+    spread_bytes: float = 0.0
+
+
+# Readings in a row that must show room coming back before it is believed: two sample periods.
+RELIEF_READINGS = 2
+MIN_MOVES = 8  # readings whose moves must be known before their median says how far a mix moves
+NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading may stray from the model
+WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
+# How far one reading moves the requests' mean bytes: twice as far up as down, so that the mean
+# sits a little above the middle (a third of the readings above it): readings below are as often
+# requests not yet allocated as small ones.
+SHARE_UP, SHARE_DOWN = 0.2, 0.1
+HOLLOW_SHARE = 0.25  # a reading whose requests hold less than this of the mean each teaches no size
+SHARE_SHRUNK = 0.25  # where two readings in a row say requests hold less than the others' bytes allow
+# The least a request (or unit of cost) is taken to hold, as a share of the card: > 0, or a reading
+# where used memory did not move would size a request at 0 bytes and the room at a division by zero.
+MIN_REQUEST_FRACTION = 0.001
+# Readings since the card last changed after which the requests' spread is known well enough to
+# call them of one size, and an allocation beyond it a change of sizes.
+SETTLED_READINGS = 10
+# A mix's pile-ups: the share of its requests that may meet one, and how far one moves the tail
+# planned for (`z`, in spreads). At a share of 5%, a quarter of large requests four times the small
+# ones runs at the level a hand-tuned semaphore would pick, with the OOMs that semaphore has.
+MIX_OOM_SHARE = 0.05
+MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requests a mix
+Z_STEP = 0.25
+MIN_Z, MAX_Z = 1.0, 6.0
+# Busy samples after which a model that still has no cap (requests that hold next to nothing on the
+# card) stops holding growth back.
+BLIND_GROWTH_AFTER_SAMPLES = 20
+
+
+class MemoryModel:
+    """The others' bytes and the bytes each request adds, learned from (in-flight, used) readings.
+
+    * A reading with nothing of ours in flight is exactly what the others hold.
+    * When in-flight varied over the recent readings (since the card last changed: a line across a
+      change is no line) and they lie on one line, a least-squares fit gives both at once: its
+      intercept is the others' bytes, its slope one request's.
+    * Otherwise a busy reading within the requests' usual spread of the model teaches their mean
+      (up twice as fast as down: `SHARE_UP`, `SHARE_DOWN`) and spread (over the readings since
+      their sizes last changed, `WINDOW_READINGS` at most), while the others' bytes are anchored.
+    * A rise beyond that spread is taken for the others' (a neighbour, a leak, a fatter input) and
+      believed at once: the room shrinks before the next admission, not after an OOM; a fit over
+      levels, or an idle reading, tells later whose bytes they were. A fall is believed once
+      `RELIEF_READINGS` readings in a row show it (fewer may be requests admitted and not yet
+      allocated), at the most cautious of them.
+
+    Requests of different sizes (a mix the gate cannot tell apart) are described by a mean and a
+    spread; the cap keeps `others + n * mean + z * sqrt(n) * spread` under target, the sum of n
+    such requests: cautious with the large ones, without planning for all of them at once. `z`
+    starts at `MIN_Z` and is learned from the pile-ups the spread explains (`mix_oom`,
+    `mix_success`): up at each, down a little at each success, so that about `MIX_OOM_SHARE` of a
+    mix's requests meet one, whatever the shape of the mix (a normal tail or a quarter of large
+    ones). A workload of one size has no spread, and no pile-up to learn from.
+    """
+
+    def __init__(self, *, target_utilisation: float = 1.0) -> None:
+        self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
+        self.z = MIN_Z  # how many spreads above the mean the cap plans for, learned
+        self._recent: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
+        self._baseline: float | None = None
+        self._per_request: float | None = None
+        self._spread_sq = 0.0  # variance of one request's bytes
+        # (share of one request, in flight) of the busy readings within the spread since the change
+        self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
+        # Lower baselines seen in the last readings: believed when RELIEF_READINGS in a row agree.
+        self._pending_relief: list[float] = []
+        # The last reading's rise of the others' bytes, until the next confirms it: (the others'
+        # bytes before it, whether they were anchored then, the share of one request it would be
+        # as ours, the requests in flight, the readings since the card last changed before it,
+        # whether it came as a jump)
+        self._rise: tuple[float, bool, float, float, int, bool] | None = None
+        self._anchored = False  # whether the others' bytes were read idle or fitted, not inferred
+        self._anchor: float | None = None  # the others' bytes when last anchored
+        self._idle_floor: float | None = None  # the least the card held with nothing of ours in flight
+        self._since_shrink = 0  # readings since the card last changed: only these describe it
+        self._last_moved_baseline: float | None = None
+        self._moves: deque[float] = deque(maxlen=16)  # |move| of the apparent baseline, reading to reading
+        self._total_bytes = 0
+        self.samples = 0
+        self.busy_samples = 0
+        self.ooms = OomStates()
+
+    @property
+    def learning(self) -> bool:
+        """Samples flow but the cap is not known yet: growing now would be blind."""
+        known = self._per_request is not None and self._baseline is not None  # estimate() without building one
+        return self.samples > 0 and not known and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
+
+    def add(self, now_s: float, in_flight: float, used_bytes: int, total_bytes: int) -> None:
+        self._total_bytes = total_bytes
+        self.samples += 1
+        try:
+            self._learn(in_flight, float(used_bytes))
+            if self._anchored:
+                self._anchor = self._baseline
+        finally:
+            self.ooms.observe(now_s, self.room())
+
+    def _learn(self, in_flight: float, used: float) -> None:
+        self.busy_samples += in_flight > 0
+        if in_flight <= 0 and self._baseline is not None and self._per_request is not None:
+            if abs(used - self._baseline) > 0.25 * self._per_request:
+                # Nothing of ours runs and the others hold another amount: the card changed, and a
+                # line through readings from before and after would be no line (a neighbour that
+                # came during a restart, fitted with the busy readings before it, halved a request).
+                self._changed()
+        self._recent.append((in_flight, used))
+        self._since_shrink += 1
+        if self._fit_recent():
+            self._pending_relief.clear()
+            self._rise, self._anchored = None, True
+            self._shares.clear()
+            return
+        if in_flight <= 0:
+            self._pending_relief.clear()
+            self._rise = None
+            self._baseline = used  # nothing of ours runs: this is exactly what the others hold
+            self._anchored = True
+            self._idle_floor = used if self._idle_floor is None else min(self._idle_floor, used)
+            return
+        if self._baseline is None:
+            return  # busy since the start and no line yet: nothing to tell the others' bytes by
+        if self._per_request is None:
+            self._baseline = min(self._baseline, used)  # whatever runs, the others hold no more than this
+            share = (used - self._baseline) / in_flight
+            if share >= MIN_REQUEST_FRACTION * self._total_bytes:
+                self._per_request = share
+                self._shares.append((share, in_flight))
+            return
+        self._read_busy(used, in_flight)
+
+    def _read_busy(self, used: float, in_flight: float) -> None:
+        """One reading with requests in flight, against the model: the others' rise, their fall, or
+        our requests' bytes, within their usual spread. Those are learned only while the others'
+        bytes are anchored (read with nothing of ours in flight, or fitted over levels): against a
+        rise believed from one level alone, a request's share would be a guess of a guess."""
+        assert self._per_request is not None and self._baseline is not None
+        if self._baseline > used:
+            # What is used holds the others' bytes: they hold no more, whatever was believed (a mix's
+            # large requests, read as the others' rise, are gone again): back to what was last
+            # anchored, where that fits.
+            self._rise = None
+            if self._anchor is not None and self._anchor <= used:
+                self._baseline, self._anchored = self._anchor, True
+            else:
+                self._baseline, self._anchored = used, False
+        moved_baseline = used - self._per_request * in_flight
+        # How far n requests stray in all: twice their spread, or where the apparent baseline moves
+        # by GiBs from reading to reading (a mix of sizes whose spread is still being learned),
+        # three times its usual move.
+        usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
+        noise_bytes = max(NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight), 3 * usual_move)
+        jumped = self._jumped(moved_baseline)
+        rise, self._rise = self._rise, None
+        if rise is not None and moved_baseline <= rise[0] + noise_bytes:
+            # The last reading's rise is gone at the next: it was our requests (the large ones of a
+            # mix), not the others'. Where the others' bytes were anchored, its share is taught.
+            self._baseline, self._anchored = rise[0], rise[1]
+            if self._anchored:
+                # Taught as a request's share where sizes vary, or are not known yet; where they have
+                # been one size for a while, it was a blip of the others' (a neighbour's transient).
+                if self.is_mix() or rise[4] < SETTLED_READINGS:
+                    self._add_share(rise[2], rise[3])
+                self._add_share((used - self._baseline) / in_flight, in_flight)
+            return
+        if rise is not None and rise[5]:
+            self._changed()  # a rise that lasts, and came as a jump: the card changed
+        if moved_baseline > self._baseline + noise_bytes:
+            self._pending_relief.clear()
+            if rise is None:  # a first rise: believed at once, and taken back if the next reading says so
+                share = (used - self._baseline) / in_flight
+                self._rise = (self._baseline, self._anchored, share, in_flight, self._since_shrink, jumped)
+            self._baseline, self._anchored = moved_baseline, False
+        elif moved_baseline < self._baseline - noise_bytes:
+            self._relieve(moved_baseline, used, in_flight)
+        else:
+            self._pending_relief.clear()
+            if self._anchored:
+                self._add_share((used - self._baseline) / in_flight, in_flight)
+
+    def _jumped(self, moved_baseline: float) -> bool:
+        """Whether the apparent baseline moved from the last reading's by more than it usually does
+        (three times the median move): a change of the card (a neighbour came, inputs grew), after
+        which old readings prove nothing. A mix of sizes moves it on every reading: no change."""
+        last, self._last_moved_baseline = self._last_moved_baseline, moved_baseline
+        if last is None:
+            return True
+        move = abs(moved_baseline - last)
+        self._moves.append(move)
+        return move > 3 * statistics.median(self._moves)
+
+    def units_changed(self) -> None:
+        """What one slot holds changed (routes got their weights): in-flight counts read before are
+        in other units, and a line across the change would be no line. The estimates stay: a change
+        of weights keeps the scale, so a slot holds about the bytes it held. The levels OOMs barred
+        are forgotten: so many slots of the old weights were another load."""
+        self._recent.clear()
+        self._shares.clear()
+        self._since_shrink = 0
+        self.ooms.forget()
+
+    def _changed(self) -> None:
+        """The card changed: a line through readings from before and after would be no line. The
+        requests' shares stay: each was read against the others' bytes of its time."""
+        self._since_shrink = 0
+
+    def _sizes_changed(self) -> None:
+        """Our requests changed size: their shares from before describe other requests."""
+        self._changed()
+        self._shares.clear()
+
+    def _relieve(self, baseline: float, used: float, in_flight: float) -> None:
+        """The others hold less than believed, or our requests less (below 0, no others' bytes
+        explain it): taken when `RELIEF_READINGS` readings in a row agree, at the most cautious of
+        them. Fewer would mistake the moments between a request's admission and its allocation (or
+        between its freeing and its release) for room: at 50 requests a second, two readings in a
+        row catch such a moment every few seconds."""
+        pending = self._pending_relief
+        pending.append(baseline)
+        if len(pending) < RELIEF_READINGS:
+            return
+        relieved = max(pending)
+        pending.clear()
+        floor = self._idle_floor or 0.0
+        anchor = self._anchor
+        if not self._anchored and anchor is not None and self._baseline is not None and anchor <= self._baseline:
+            if relieved <= anchor:
+                # Back to (or below) the others' bytes last anchored: whatever rose has gone.
+                self._baseline, self._anchored = anchor, True
+                return
+        if relieved >= floor:
+            self._baseline, self._anchored = relieved, False
+        elif used - floor < MIN_REQUEST_FRACTION * self._total_bytes:
+            # Ours hold nothing at all: admitted and not started (an event loop that stalled), not
+            # smaller. Nothing to learn about their sizes.
+            self._baseline, self._anchored = floor, True
+        else:
+            # Below what the card held with nothing of ours in flight, ever: the others did not shrink
+            # past that (our own weights and context are in it), so our requests hold less. Two
+            # readings say so, not one: the mean comes down faster than one reading would bring it,
+            # and the spread is the new sizes'.
+            self._sizes_changed()
+            self._baseline, self._anchored = floor, True
+            assert self._per_request is not None
+            share = (used - floor) / in_flight
+            self._per_request += SHARE_SHRUNK * (share - self._per_request)
+            self._add_share(share, in_flight)
+
+    def _add_share(self, share: float, in_flight: float) -> None:
+        """One reading of the mean bytes of `in_flight` requests: their mean moves up fast and down
+        slowly (a reading below it is as often a request admitted and not yet allocated, or early in
+        its forward pass, as a small one; what matters is what requests hold at their peak), and
+        their spread is that of the readings above the mean since the sizes last changed."""
+        if self._per_request is not None and share < HOLLOW_SHARE * self._per_request:
+            # Requests in flight that hold next to nothing: admitted and not allocated yet, or failing
+            # before they allocate (a 4xx from the route, a worker that went down). No size to learn.
+            return
+        self._shares.append((share, in_flight))
+        if self._per_request is None:
+            self._per_request = share
+        else:
+            weight = SHARE_UP if share > self._per_request else SHARE_DOWN
+            self._per_request += weight * (share - self._per_request)
+        self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, self._per_request)
+        self._fit_shares()
+
+    def _fit_shares(self) -> None:
+        """The spread of one request's bytes, from the readings above the mean: a mean of n
+        requests strays by spread / sqrt(n) from theirs, so n * deviation^2 is one sample of one
+        request's variance."""
+        mean = self._per_request
+        if not self._shares or mean is None:
+            return
+        above = [n * (share - mean) ** 2 for share, n in self._shares if share > mean]
+        self._spread_sq = 2 * sum(above) / len(self._shares)  # the half above the mean, for both halves
+
+    def _fit_recent(self) -> bool:
+        recent = list(self._recent)[-self._since_shrink :]  # a line across a change of the card is no line
+        n = len(recent)
+        if n < 8:
+            return False
+        mean_x = sum(x for x, _ in recent) / n
+        mean_y = sum(y for _, y in recent) / n
+        var_x = sum((x - mean_x) ** 2 for x, _ in recent) / n
+        most_common = max(Counter(x for x, _ in recent).values())
+        if var_x < 0.1 or most_common > 0.875 * n or n - most_common < 2:
+            # In-flight barely varied: a few stray samples must not tilt the line, and one alone
+            # (a neighbour's blip read at another level) would set its slope all by itself.
+            return False
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in recent) / n / var_x
+        if slope < MIN_REQUEST_FRACTION * self._total_bytes:
+            return False
+        intercept = mean_y - slope * mean_x
+        if intercept < 0:
+            return False
+        residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in recent) / n
+        # Through two neighbouring levels only, a line must be clean: through a mix's it points
+        # anywhere at zero (8 GiB a request and nothing of the others', where 2.6 GiB and 8 GiB are).
+        narrow = max(x for x, _ in recent) - min(x for x, _ in recent) < 2
+        if residual_sq > ((0.05 if narrow else 0.25) * slope) ** 2:
+            return False  # not one line: the window straddles a change (sizes, a neighbour); wait it out
+        lowest_used = min(y for _, y in recent)
+        self._baseline = min(lowest_used, intercept)
+        self._per_request = slope
+        self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread
+        return True
+
+    def estimate(self) -> MemoryEstimate | None:
+        if self._per_request is None or self._baseline is None:
+            return None
+        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes, math.sqrt(self._spread_sq))
+
+    def room(self) -> float | None:
+        """How many requests of the mean size the card has room for under target, as a fraction."""
+        est = self.estimate()
+        if est is None:
+            return None
+        return (self.target_utilisation * est.total_bytes - est.baseline_bytes) / est.per_request_bytes
+
+    def cap(self, now_s: float | None = None) -> int | None:
+        """How many requests fit under `target_utilisation` of the card beside the others' bytes, or
+        None if not known yet; at `now_s`, below any level an OOM showed not to fit in this room."""
+        est = self.estimate()
+        if est is None:
+            return None
+        room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
+        # A hair of slack: readings are whole bytes, and a fit of exactly n must not floor to n - 1.
+        n = max(0, math.floor(room_bytes / est.per_request_bytes + 1e-6))
+        while n > 0 and n * est.per_request_bytes + self.z * math.sqrt(n) * est.spread_bytes > room_bytes:
+            n -= 1
+        barred = None if now_s is None else self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
+        return n if barred is None else min(n, barred - 1)
+
+    def mix_oom(self) -> None:
+        """A pile-up of large requests that the spread explains (`explains`): plan for a heavier tail."""
+        self.z = min(MAX_Z, self.z + Z_STEP)
+
+    def mix_success(self) -> None:
+        """A request answered: the tail planned for may be a little lighter, down to `MIN_Z`."""
+        if self.z > MIN_Z:
+            self.z = max(MIN_Z, self.z - Z_STEP * MIX_OOM_SHARE / (1 - MIX_OOM_SHARE))
+
+    def is_mix(self) -> bool:
+        """Whether the requests' sizes vary (their spread is more than `MIX_SPREAD` of their mean):
+        then an OOM is their large ones meeting, as often as the tail planned for allows (`mix_oom`),
+        not a level that stopped fitting (`OomStates`)."""
+        est = self.estimate()
+        return est is not None and est.spread_bytes >= MIX_SPREAD * est.per_request_bytes
+
+    def never_fits(self, nbytes: float) -> bool:
+        """Whether an allocation of `nbytes` is more than the card has beside the others' bytes,
+        with nothing of ours in flight: an OOM asking for it is the request's own, which no load
+        could have avoided."""
+        est = self.estimate()
+        return est is not None and nbytes > est.total_bytes - est.baseline_bytes
+        return False
+
+    def learn_size(self, nbytes: float, units: float = 1) -> bool:
+        """An allocation of `nbytes` failed in a request of `units`. Where the requests were of one
+        size since the card last changed and this is beyond it (three spreads above the mean), sizes
+        changed (inputs grew): a request is believed to hold at least that much from now on, before
+        any reading shows it (True). In a mix, a large one failing says nothing new about the sizes."""
+        est = self.estimate()
+        if est is None:
+            return False
+        per_unit = nbytes / max(units, 1e-9)
+        uniform = self._since_shrink >= SETTLED_READINGS and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
+        if uniform and per_unit > est.per_request_bytes + 3 * est.spread_bytes:
+            self._per_request = per_unit
+            self._sizes_changed()  # readings from before were of smaller requests
+            return True
+        return False
+
+    def explained_by_size(self, level: float, nbytes: float, units: float = 1) -> bool:
+        """Whether `level` units in flight, one request of `units` among them asking for `nbytes`,
+        overflow the room only because of that request's size: the others at the model's size and
+        it at its own do not fit, the model's `level` would. Then the OOM says nothing of how many
+        of the model's requests fit (a large one from before the sizes shrank, still in the line)."""
+        est = self.estimate()
+        if est is None:
+            return False
+        room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
+        return (level - units) * est.per_request_bytes + nbytes > room_bytes >= level * est.per_request_bytes

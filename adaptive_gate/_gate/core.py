@@ -1,0 +1,357 @@
+"""`GateCore`: the gate's bookkeeping, loop-free, with the time passed in.
+
+Think of it as the gate with the network taken away. It owns the limiter, the controller, the
+operator's bounds, the counters, the recent service times and queue waits, the log of limit
+changes and the accounting of out-of-memory errors. It is told what happens (a request admitted,
+a request released with its outcome, an OOM, a memory reading, a probe error) and answers
+questions (may this one go in now, how long should a client wait before retrying, is the replica
+ready, what are the figures). It never awaits, sleeps or reads a clock for its decisions: every
+event carries `now_s`.
+
+Two drivers run it: `AdaptiveGate` (the ASGI middleware, on the monotonic clock) and
+`adaptive_gate.simulation` (virtual time). So a controller tuned in the simulator is the one that
+serves, and a test can feed both one sequence of events and compare what they did.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+from .._control.control import Controller
+from .._control.route_weights import RouteWeights
+from ..memory import MemorySample
+from .accounts import ClassCounts, ServiceEstimates
+from .admission import OVERLOAD_MODES, DrainRate, queue_up
+from .figures import BucketCounts, Counters, RecentValues
+from .limiter import Limiter, Waiter
+from .operator import OperatorBounds
+from .overload import OverloadDetector
+from .queue import FairLine, FifoLine
+from .snapshot import CoreSnapshot
+from .statistics import LimitChange
+from .swallowed import SwallowedOoms
+from .tickets import MAX_COST, InFlight, Outcome, Ticket, _Probe, units_of_cost
+
+__all__ = ["ADMITTED", "GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
+
+ADMITTED = "admitted"
+QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class GateCore(CoreSnapshot):
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        min_limit: int,
+        max_limit: int,
+        initial_limit: int | None,
+        max_queue: int,
+        max_retry_after_s: int,
+        clock: Callable[[], float],
+        unix_offset_s: float = 0.0,
+        seed: int | None = None,
+        classes: bool = False,
+        priority_aging_s: float = 10.0,
+        overload: str = "lifo",
+        queue_target_s: float | None = None,
+    ) -> None:
+        """The middleware and the simulator build it alike; `controller` is bound to the bounds here.
+
+        `classes`: requests carry priorities and tenants (a fair line, counts per class);
+        `overload`: what the gate does in overload ("lifo", "shed" or "off", see `_admission`);
+        `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
+        if overload not in OVERLOAD_MODES:
+            raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")
+        if not isinstance(controller, Controller):
+            raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
+        controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
+        self.controller = controller
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.max_retry_after_s = max_retry_after_s
+        # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
+        self.detector = None if overload == "off" else OverloadDetector(queue_target_s)
+        line = FairLine(priority_aging_s, self.detector) if classes else FifoLine(self.detector)
+        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock, line=line)
+        self.overload = overload
+        self.queue_target_s = queue_target_s
+        self.classes = ClassCounts() if classes else None
+        self.services = ServiceEstimates()
+        self._mean_by_route = self.services.mean_by_route
+        # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
+        self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
+        self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
+        self.drain = DrainRate()
+        self._clock = clock
+        self.operator: OperatorBounds | None = None
+        self.counters = Counters()
+        self.queue_wait_histogram = BucketCounts(QUEUE_WAIT_BUCKETS_S)
+        self.service_histogram = BucketCounts(SERVICE_BUCKETS_S)
+        self.queue_wait_s = RecentValues(histogram=self.queue_wait_histogram)  # adds count there too
+        self.service_s = RecentValues(histogram=self.service_histogram)
+        self.limit_changes: deque[LimitChange] = deque(maxlen=32)
+        self.oom_s: deque[float] = deque(maxlen=256)  # for the dashboard's marks
+        self.probe = _Probe()
+        self.limit_listeners: list[Callable[[LimitChange], None]] = []
+        self.unix_offset_s = unix_offset_s
+        self._random = random.Random(seed)
+        self._swallowed = SwallowedOoms()
+        self._probe_oom_epoch = 0
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def arrive(
+        self,
+        timeout_s: float,
+        *,
+        units: float = 1,
+        route: object = None,
+        priority: int = 0,
+        tenant: str | None = None,
+    ) -> str | Waiter:
+        """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
+        place in the line, whose slots come with a release or a higher limit), or the reason to turn
+        it away: "queue_full", "deadline" when it is not expected to finish (wait and `route`'s
+        service time) within the `timeout_s` it has, or "overload" when the gate sheds in overload. A
+        waiter the line gives up on later is `refused` ("deadline": it could no longer finish in
+        time; "evicted")."""
+        if self.classes is not None:
+            self.classes.arrived(priority, tenant)
+        mean_s = self._mean_by_route.get(route)
+        now_s = self._clock()
+        if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
+            return "deadline"
+        if self.limiter.try_acquire(units):
+            return ADMITTED
+        return queue_up(self, now_s, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
+
+    def enter(self, timeout_s: float, units: float, route: object, arrived_s: float, now_s: float) -> Ticket | None:
+        """`arrive` and `admitted` in one, for the request that walks straight in (no classes, no
+        "deadline" answer, its slots free and nobody waiting): its ticket, admitted at `now_s`
+        (`arrived_s` where no body was read: one clock read per request). None: it takes the long
+        way (`arrive`), and nothing has been counted or taken for it."""
+        if self.classes is not None:
+            return None
+        mean_s = self._mean_by_route.get(route)
+        if mean_s is not None and mean_s > timeout_s:
+            return None  # `arrive` decides: "deadline", or a request let through to measure again
+        limiter = self.limiter
+        busy_area = limiter.take(units, now_s)
+        if busy_area is None:
+            return None
+        if now_s == arrived_s:
+            self.queue_wait_s.add_zero()
+        else:
+            self.queue_wait_s.add(now_s - arrived_s)
+        return self._hold(now_s, busy_area, units, route)
+
+    def weigh(self, route: object, units: float) -> float:
+        """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
+        weights = self.route_weights
+        weight = 1.0 if weights is None else weights.by_route.get(route, 1.0)
+        return units if weight == 1.0 else units_of_cost(min(MAX_COST, units * weight))
+
+    def leave(self, waiter: Waiter) -> None:
+        """Give the place back, or the slot if it came meanwhile."""
+        self.limiter.leave(waiter)
+
+    def wait_budget_s(self, waiter: Waiter) -> float:
+        """How long `waiter` may still wait: past it, it could not finish before its deadline."""
+        return max(0.0, waiter.latest_start_s - self._clock())
+
+    def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
+        """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
+        self.queue_wait_s.add(waited_s)
+        return self._hold(now_s, self.limiter.busy_area(now_s), units, route)
+
+    def _hold(self, now_s: float, busy_area: float, units: float, route: object) -> Ticket:
+        """The ticket of a request holding its slots from `now_s` (the busy area then), counted, and
+        counted in flight for its route (`RouteWeights`) in requests, as it will be given back."""
+        counters = self.counters
+        counters.admitted += 1
+        weights = self.route_weights
+        requests = units
+        if weights is not None:  # only a controller that learns memory weighs routes, from these
+            requests = weights.requests(route, units)
+            self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
+        in_flight = self.limiter.in_flight
+        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests)
+
+    def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
+        """The request ended: its slot goes back, and a success teaches the controller its latency."""
+        if ticket.released:
+            return
+        ticket.released = True
+        limiter = self.limiter
+        in_flight = limiter.in_flight
+        busy_area = limiter.release(ticket.units, now_s)
+        if self.route_weights is not None:
+            self.requests_by_route[ticket.route] -= ticket.requests
+        if outcome is not Outcome.COMPLETED:
+            if outcome is Outcome.OOM:
+                self.counters.admitted_ooms += 1
+            else:
+                self.counters.failed += 1
+            return
+        latency_s = now_s - ticket.admitted_s
+        # The mean number of requests this one ran alongside (itself included), not a snapshot.
+        concurrency = (busy_area - ticket.busy_area_at_admission) / latency_s if latency_s > 0 else in_flight
+        self.counters.completed += 1
+        self.service_s.add(latency_s)
+        self.services.add(ticket.route, latency_s, now_s)
+        limit = limiter.limit
+        demand = in_flight >= limit or limiter.queued > 0
+        controller, operator = self.controller, self.operator
+        if operator is not None and controller.limit >= operator.max_limit:
+            demand = False  # held down by the operator: growing underneath would only creep
+        controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
+        if operator is not None or controller.limit != limit:  # else _apply_limit would change nothing
+            self._apply_limit(now_s)
+
+    def oom(self, ticket: Ticket, now_s: float, tried_bytes: int | None = None) -> bool:
+        """A gated request ran out of memory (asking for `tried_bytes`, where the error says); True
+        when it is too large: it ran alone, or asked for more than the card has beside the others'
+        bytes. Such an OOM teaches the controller nothing: no load could have avoided it."""
+        limiter = self.limiter
+        alone = (
+            not ticket.released  # after its release the slot may be another's
+            and ticket.in_flight_at_admission == ticket.units
+            and ticket.serial == self.counters.admitted
+            and limiter.in_flight == ticket.units
+        )
+        allocation_failed = getattr(self.controller, "allocation_failed", None)  # optional in the protocol
+        too_large = alone
+        if tried_bytes is not None and allocation_failed is not None:
+            too_large = allocation_failed(tried_bytes, ticket.units) or alone
+        self._count_ooms(1, now_s)
+        self._swallowed.error_seen()
+        if not too_large:  # one request that does not fit even alone: cutting would only starve the others
+            # The level that ran out: as many as ran when it came in (its allocation may have failed
+            # then, and been told a forward pass later, with fewer in flight), or run now.
+            level = max(limiter.in_flight, ticket.in_flight_at_admission)
+            self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=level)
+            self._apply_limit(now_s)
+        return too_large
+
+    def rejected(
+        self, reason: str, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
+    ) -> int:
+        """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
+        `timed_out`: it waited in the queue until its deadline. `priority` (and `tenant`): the class
+        of a request that `arrive` saw, counted per class; None for answers outside admission (a
+        body buffer full, an OOM of an admitted request)."""
+        self.counters.reject(reason)
+        self.counters.timed_out += timed_out
+        if priority is None:
+            return self.retry_after_s()
+        if self.classes is not None:
+            self.classes.rejected(priority, tenant)
+        return self.retry_after_s(priority)
+
+    def left(self, priority: int = 0, tenant: str | None = None) -> None:
+        """The client left before its request was admitted."""
+        self.counters.left_queue += 1
+        if self.classes is not None:
+            self.classes.left(priority, tenant)
+
+    def body_refused(self, *, too_large: bool) -> None:
+        """The body was too large (413) or too slow (408): the client's doing, no capacity answer."""
+        if too_large:
+            self.counters.bodies_too_large += 1
+        else:
+            self.counters.body_timeouts += 1
+
+    def failed(self) -> None:
+        """A gated route raised something other than an out-of-memory error."""
+        self.counters.errors += 1
+
+    # -- the probe ------------------------------------------------------------------------------
+
+    def probe_found(self, description: str, device: str, *, simulated: bool) -> None:
+        self.probe.description, self.probe.device, self.probe.simulated = description, device, simulated
+
+    def in_flight_now(self) -> InFlight:
+        """The requests in flight, in slots and by route. Safe to call from the probe's thread while
+        the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
+        return InFlight(self.limiter.in_flight, self.requests_by_route.copy())
+
+    def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
+        """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
+        probe = self.probe
+        probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
+        if then is None:
+            then = InFlight(self.limiter.in_flight, self.requests_by_route)
+        if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, then.by_route):
+            units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
+            if units_changed is not None:
+                units_changed()
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units)
+        self._count_swallowed_ooms(sample, now_s)
+        self._apply_limit(now_s)
+
+    def probe_error(self, message: str) -> bool:
+        """A failed reading; True when its message differs from the last one (worth a log line)."""
+        probe = self.probe
+        probe.errors += 1
+        probe.consecutive_errors += 1
+        new = probe.last_error != message
+        probe.last_error = message
+        return new
+
+    def _count_swallowed_ooms(self, sample: MemorySample, now_s: float) -> None:
+        """OOMs the application caught itself show only in the probe's cumulative count."""
+        swallowed = self._swallowed.reading(sample.oom_count, now_s)
+        if swallowed > 0:
+            self._count_ooms(swallowed, now_s)
+            # Cut at most once for what happened since the previous sample: how many struck beside
+            # how many is not known, so a controller that counts OOMs per level is told so.
+            controller = self.controller
+            told = getattr(controller, "on_swallowed_oom", controller.on_oom)  # optional in the protocol
+            told(now_s=now_s, epoch=self._probe_oom_epoch, in_flight=self.limiter.in_flight)
+        self._probe_oom_epoch = self.controller.epoch
+
+    def _count_ooms(self, ooms: int, now_s: float) -> None:
+        self.counters.ooms += ooms
+        self.oom_s.append(now_s)
+
+    # -- the limit ------------------------------------------------------------------------------
+
+    def tick(self, now_s: float) -> None:
+        """Time passed: the line may serve in another order now, and a controller that acts on time
+        alone (`on_tick`, optional) may move the limit."""
+        self.limiter.reconsider()
+        on_tick = getattr(self.controller, "on_tick", None)
+        if on_tick is not None:
+            on_tick(now_s=now_s)
+            self._apply_limit(now_s)
+
+    def set_operator(self, bounds: OperatorBounds | None, now_s: float) -> None:
+        """Pin or bound the limit at run time (None: back to the configured bounds)."""
+        if bounds is not None and bounds == OperatorBounds(self.min_limit, self.max_limit):
+            bounds = None
+        self.operator = bounds
+        self._apply_limit(now_s, "operator" if bounds is not None else "operator reset")
+
+    def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
+        new_limit = self.controller.limit
+        operator = self.operator
+        if operator is not None and operator.clamp(new_limit) != new_limit:
+            new_limit = operator.clamp(new_limit)
+            reason = reason or ("operator pin" if operator.pinned else "operator bounds")
+        old_limit = self.limiter.limit
+        if new_limit == old_limit:
+            return
+        self.limiter.limit = new_limit
+        if new_limit > old_limit:
+            self.counters.limit_increases += 1
+        else:
+            self.counters.limit_decreases += 1
+        change = LimitChange(
+            round(now_s + self.unix_offset_s, 3), old_limit, new_limit, reason or self.controller.reason
+        )
+        self.limit_changes.append(change)
+        for listener in self.limit_listeners:
+            listener(change)
