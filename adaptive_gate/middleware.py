@@ -61,7 +61,7 @@ class AdaptiveGate:
     and `clock` are collaborators, not settings: each gate needs its own.
     """
 
-    def __init__(self, app: ASGIApp, **options: Any) -> None:
+    def __init__(self, app: ASGIApp, /, **options: Any) -> None:
         self.app = app
         self.options = gate_options(options)
         controller, diagnostics, clock = self.options.controller, self.options.diagnostics, self.options.clock
@@ -305,7 +305,7 @@ def _not_reading(exc: BaseException) -> bool:
 # What `help(AdaptiveGate)`, `inspect.signature` and editors show: the keywords of `GateOptions`.
 AdaptiveGate.__init__.__signature__ = signature_of_options(  # type: ignore[attr-defined]
     [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("app", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="ASGIApp"),
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+        inspect.Parameter("app", inspect.Parameter.POSITIONAL_ONLY, annotation="ASGIApp"),
     ]
 )

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adaptive_gate.limiter import Limiter
+from adaptive_gate.testing import SimulatedGPU
 
-from .model import INFER_PATHS, GiB, Phase, Size
+from .model import INFER_PATHS, GiB, Phase, Scenario, Size
 
-if TYPE_CHECKING:
-    from .harness import World
+__all__ = ["CrashSimulator", "OracleMiddleware", "ReaderMiddleware", "World", "header"]
 
-__all__ = ["CrashSimulator", "OracleMiddleware", "ReaderMiddleware", "header"]
+
+class World(Protocol):
+    """What the fronts read of a run (`harness.World`): its scenario, its card, its crashes, and
+    where they put themselves so the run can find them."""
+
+    scenario: Scenario
+    gpu: SimulatedGPU
+    down_until_s: float
+    crashes: int
+    oracle: OracleMiddleware | None
+    reader: ReaderMiddleware | None
 
 
 class CrashSimulator:
