@@ -25,10 +25,11 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._control.control import AIMD
-from ._gate.core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
+from ._gate.core import GateCore, Outcome, Ticket, units_of_cost
 from ._gate.limiter import Waiter
+from ._gate.reasons import ADMITTED, Reason, Waited
 from ._gate.statistics import GateStatistics
-from ._http.answers import REJECTION_DETAILS, Answers
+from ._http.answers import Answers
 from ._http.background import serve_lifespan
 from ._http.body import Body, BodyBudget, request_head
 from ._http.classify import Classifier
@@ -226,7 +227,7 @@ class AdaptiveGate:
 
     async def _wait_or_reject(
         self,
-        admission: str | Waiter,
+        admission: Reason | Waiter,
         body: Body | None,
         receive: Receive,
         send: Send,
@@ -250,23 +251,22 @@ class AdaptiveGate:
         return alone
 
     async def _wait_for_slot(
-        self, admission: str | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None
+        self, admission: Reason | Waiter, body: Body, send: Send, request_class: tuple[int, str | None] | None
     ) -> bool:
         """Wait for the slot a place in line brings, or answer a rejection. True when admitted."""
-        if isinstance(admission, str):
-            detail = REJECTION_DETAILS[admission]
-            await self._answers.reject(send, admission, detail, request_class=request_class)
+        if isinstance(admission, Reason):
+            await self._answers.reject(send, admission, admission.detail, request_class=request_class)
             return False
         # It waits only as long as it could still finish in time: its deadline less its work.
         outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission))
-        if outcome == "left":
+        if outcome is Waited.LEFT:
             self.core.left(*(request_class or ()))
-        elif outcome == "evicted":
-            await self._answers.reject(send, "evicted", REJECTION_DETAILS["evicted"], request_class=request_class)
-        elif outcome != "granted":
+        elif outcome is Reason.EVICTED:
+            await self._answers.reject(send, outcome, outcome.detail, request_class=request_class)
+        elif outcome is not Waited.GRANTED:
             detail = "no GPU slot became free in time for the request to finish before its deadline"
-            await self._answers.reject(send, "deadline", detail, timed_out=True, request_class=request_class)
-        return outcome == "granted"
+            await self._answers.reject(send, Reason.DEADLINE, detail, timed_out=True, request_class=request_class)
+        return outcome is Waited.GRANTED
 
     # -- what tests and embedders read -------------------------------------------------------------
 

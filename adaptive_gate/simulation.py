@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ._control.control import AIMD, Controller
-from ._gate.core import ADMITTED, GateCore, Outcome, Ticket, units_of_cost
+from ._gate.core import GateCore, Outcome, Ticket, units_of_cost
 from ._gate.limiter import Waiter
+from ._gate.reasons import ADMITTED, Reason
 from ._gate.statistics import LimitChange
 from .memory import MemorySample
 from .testing import Allocation, SimulatedGPU
@@ -324,7 +325,7 @@ class _Run:
         # the middleware reads it from the message (`oom.tried_bytes`), here it is the request's size.
         too_large = self.core.oom(request.ticket, self.now_s, tried_bytes=request.nbytes)
         self.core.release(request.ticket, self.now_s, Outcome.OOM)
-        self.core.rejected("too_large" if too_large else "oom")
+        self.core.rejected(Reason.TOO_LARGE if too_large else Reason.OOM)
         self.result.too_large += too_large
         self.answered(request, refused=True)
         if self.crash_s > 0 and self.now_s >= self.down_until_s:
@@ -372,7 +373,7 @@ class _Run:
             return
         del self.waiting[waiter]
         self.core.leave(waiter)
-        self.core.rejected("deadline", timed_out=True)
+        self.core.rejected(Reason.DEADLINE, timed_out=True)
         self.result.timed_out += 1
         self.result.rejected += 1
         self.answered(payload, refused=True)

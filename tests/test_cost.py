@@ -149,7 +149,7 @@ def weighted_app(**gate_options: object) -> tuple[FastAPI, list[float]]:
 
     @app.post("/infer", tags=["gpu"])
     async def infer(request: Request) -> dict[str, float]:
-        seen.append(find_gate(app).core.limiter.in_flight)
+        seen.append(find_gate(app).statistics().in_flight)
         await anyio.sleep(0.01)
         return {"batch": float(request.query_params["n"])}
 
@@ -164,7 +164,8 @@ async def test_the_gate_counts_what_requests_weigh() -> None:
                 tg.start_soon(client.post, f"/infer?n={n}")
         gate = find_gate(app)
         assert max(seen) <= 4  # never more units at once than the limit
-        assert gate.core.limiter.in_flight == 0 and gate.core.counters.completed == 8
+        stats = gate.statistics()
+        assert stats.in_flight == 0 and stats.counters["completed"] == 8
         assert gate.status()["options"]["cost"].startswith("<function")
 
 
@@ -174,7 +175,7 @@ async def test_a_cost_hook_that_answers_nonsense_fails_the_request_and_holds_not
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         response = await client.post("/infer?n=1")
         assert response.status_code == 500
-        assert find_gate(app).core.limiter.in_flight == 0
+        assert find_gate(app).statistics().in_flight == 0
 
 
 def test_a_cost_that_is_not_callable_is_refused_with_a_fix() -> None:
@@ -186,12 +187,13 @@ def test_a_full_line_behind_a_heavy_head_is_not_ready() -> None:
     """Found in review: with units free beside a heavy waiter at the head, readiness said ready
     while every newcomer was answered queue_full."""
     from adaptive_gate import Fixed
-    from adaptive_gate.core import GateCore
+    from adaptive_gate.core import ADMITTED, GateCore
+    from adaptive_gate.limiter import Waiter
 
     core = GateCore(Fixed(4), min_limit=1, max_limit=4, initial_limit=None, max_queue=1, max_retry_after_s=60,
                     clock=lambda: 0.0)  # fmt: skip
-    assert core.arrive(30.0, units=3) == "admitted"
-    assert not isinstance(core.arrive(30.0, units=2), str)  # waits: 3 + 2 > 4
+    assert core.arrive(30.0, units=3) is ADMITTED
+    assert isinstance(core.arrive(30.0, units=2), Waiter)  # waits: 3 + 2 > 4
     assert core.arrive(30.0, units=1) == "queue_full"  # 1 would fit beside the 3, but the line is full
     assert core.readiness()[0] is False
 

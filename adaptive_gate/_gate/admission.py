@@ -32,6 +32,7 @@ from .accounts import ServiceEstimates
 from .limiter import Limiter
 from .overload import OverloadDetector
 from .queue import Waiter
+from .reasons import Reason
 
 __all__ = ["OVERLOAD_MODES", "DrainRate", "Queueing", "queue_up"]
 
@@ -61,7 +62,7 @@ def queue_up(
     priority: int,
     tenant: str | None,
     units: float = 1,
-) -> str | Waiter:
+) -> Reason | Waiter:
     """No free slot: a place in the line, or the reason there is none (see the module's docstring)."""
     limiter, detector = core.limiter, core.detector
     line = limiter.line
@@ -84,16 +85,16 @@ def queue_up(
         # Whoever wanted a place counts as joining, shed or not; one too late for any place does not.
         detector.arrived(now_s, joins=not late, wait_s=fifo_wait_s, budget_s=budget_s)
     if late:
-        return "deadline"
+        return Reason.DEADLINE
     if shed:
-        return "overload"
+        return Reason.OVERLOAD
     if detector is not None and detector.overloaded and core.overload == "lifo":
         answer_the_buried(core, now_s, priority)
     if len(line) >= limiter.max_queue:
         victim = line.evictable(priority)
         if victim is None:
-            return "queue_full"
-        limiter.evict(victim, "evicted")
+            return Reason.QUEUE_FULL
+        limiter.evict(victim, Reason.EVICTED)
     return limiter.join(Waiter(priority, tenant, now_s + budget_s, units))
 
 
@@ -112,7 +113,7 @@ def answer_the_buried(core: Queueing, now_s: float, priority: int) -> None:
         wait_s = core.expected_wait_s(ahead)
         if wait_s is None or now_s + wait_s <= buried.latest_start_s:
             return
-        limiter.evict(buried, "deadline")
+        limiter.evict(buried, Reason.DEADLINE)
 
 
 class DrainRate:

@@ -29,14 +29,13 @@ from .limiter import Limiter, Waiter
 from .operator import OperatorBounds
 from .overload import OverloadDetector
 from .queue import FairLine, FifoLine
+from .reasons import ADMITTED, Admitted, Reason
 from .snapshot import CoreSnapshot
 from .statistics import LimitChange
 from .swallowed import SwallowedOoms
 from .tickets import MAX_COST, InFlight, Outcome, Ticket, _Probe, units_of_cost
 
-__all__ = ["ADMITTED", "GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
-
-ADMITTED = "admitted"
+__all__ = ["GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -111,7 +110,7 @@ class GateCore(CoreSnapshot):
         route: object = None,
         priority: int = 0,
         tenant: str | None = None,
-    ) -> str | Waiter:
+    ) -> Admitted | Reason | Waiter:
         """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
         place in the line, whose slots come with a release or a higher limit), or the reason to turn
         it away: "queue_full", "deadline" when it is not expected to finish (wait and `route`'s
@@ -123,7 +122,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         now_s = self._clock()
         if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
-            return "deadline"
+            return Reason.DEADLINE
         if self.limiter.try_acquire(units):
             return ADMITTED
         return queue_up(self, now_s, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
@@ -237,7 +236,7 @@ class GateCore(CoreSnapshot):
         return too_large
 
     def rejected(
-        self, reason: str, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
+        self, reason: Reason, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
     ) -> int:
         """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
         `timed_out`: it waited in the queue until its deadline. `priority` (and `tenant`): the class

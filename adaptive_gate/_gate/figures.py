@@ -40,7 +40,7 @@ class Counters:
     limit_decreases: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str) -> None:  # a `Reason`: a str, kept as a key of plain JSON
         self.rejected += 1
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import anyio
 
 from .queue import FairLine, FifoLine, Waiter
+from .reasons import Reason
 
 __all__ = ["Limiter", "LimiterStatistics", "QueueFull", "QueueTimeout", "Waiter"]
 
@@ -165,7 +166,7 @@ class Limiter:
                 self._waiters.detector.drained()
             self._hand_over()  # a heavy one that left may have held up lighter ones behind it
 
-    def evict(self, waiter: Waiter, reason: str) -> None:
+    def evict(self, waiter: Waiter, reason: Reason) -> None:
         """Turn a waiter away from its place (to make room for a more important one)."""
         if self._waiters.remove(waiter):
             waiter._refuse(reason)
@@ -204,7 +205,7 @@ class Limiter:
                 # It could no longer finish before its deadline: the slot goes to the next one, not
                 # to an answer that comes too late.
                 waiters.pop_next(now_s)
-                waiter._refuse("deadline")
+                waiter._refuse(Reason.DEADLINE)
                 continue
             if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
                 return  # its units do not fit yet: it keeps its place, and nobody overtakes it

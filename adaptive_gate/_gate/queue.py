@@ -25,6 +25,7 @@ from collections import OrderedDict
 import anyio
 
 from .overload import OverloadDetector
+from .reasons import Reason
 
 __all__ = ["FairLine", "FifoLine", "Waiter"]
 
@@ -45,7 +46,7 @@ class Waiter:
     ) -> None:
         self.units = units  # the slots it takes (the gate's `cost`)
         self.granted = False
-        self.refused: str | None = None
+        self.refused: Reason | None = None
         self._event: anyio.Event | None = None
         self.priority = priority
         self.tenant = tenant
@@ -57,7 +58,7 @@ class Waiter:
         if self._event is not None:
             self._event.set()
 
-    def _refuse(self, reason: str) -> None:
+    def _refuse(self, reason: Reason) -> None:
         self.refused = reason
         if self._event is not None:
             self._event.set()

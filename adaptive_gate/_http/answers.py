@@ -12,22 +12,17 @@ import logging
 from starlette.types import Receive, Scope, Send
 
 from .._gate.core import GateCore, Ticket
+from .._gate.reasons import Reason
 from ..options import GateOptions
 from .body import Body, BodyBudget, ReadOutcome, read_body
 from .endpoints import send_json
 
-__all__ = ["CLOSE", "REJECTION_DETAILS", "Answers"]
+__all__ = ["CLOSE", "Answers"]
 
 logger = logging.getLogger("adaptive_gate")
 
 CLOSE = [(b"connection", b"close")]
 MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
-REJECTION_DETAILS = {
-    "queue_full": "too many requests are waiting for the GPU",
-    "deadline": "the request is not expected to finish (its wait and its work) before its deadline",
-    "overload": "more requests arrive than the GPU serves: new ones that would wait long are shed",
-    "evicted": "a more important request took this one's place in the full queue",
-}
 
 
 class Answers:
@@ -39,7 +34,7 @@ class Answers:
     async def reject(
         self,
         send: Send,
-        reason: str,
+        reason: Reason,
         detail: str,
         *,
         timed_out: bool = False,
@@ -67,9 +62,9 @@ class Answers:
     async def answer_oom(self, send: Send, *, alone: bool) -> None:
         if alone:
             detail = "this request ran out of GPU memory while it ran alone: it is too large for the card as the card is now; send a smaller input"  # noqa: E501
-            await self.reject(send, "too_large", detail)
+            await self.reject(send, Reason.TOO_LARGE, detail)
         else:
-            await self.reject(send, "oom", "the GPU ran out of memory for this request; retry later")
+            await self.reject(send, Reason.OOM, Reason.OOM.detail)
 
     def log_oom(self, ticket: Ticket, scope: Scope, *, alone: bool) -> None:
         # One line per congestion event, not per request: a burst of OOMs is one story.
@@ -103,7 +98,7 @@ class Answers:
         if body.outcome is ReadOutcome.DISCONNECTED:
             self.core.left()
         elif body.outcome is ReadOutcome.BUFFER_FULL:
-            await self.reject(send, "queue_full", "the request bodies waiting for the GPU fill the gate's buffer")
+            await self.reject(send, Reason.QUEUE_FULL, "the request bodies waiting for the GPU fill the gate's buffer")
         else:
             await self.refuse_body(send, body.outcome)
         return None

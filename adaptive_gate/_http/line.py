@@ -11,17 +11,17 @@ import anyio
 
 from .._gate.core import GateCore
 from .._gate.limiter import Waiter
+from .._gate.reasons import Reason, Waited
 from .body import Body, ReadOutcome
 
 __all__ = ["wait_in_line"]
 
 
-async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: float) -> str:
-    """Wait up to `timeout_s` (its latest start) for `waiter`'s slot: "granted", "timeout", "left"
-    (the client went away), or the reason the line gave up on it ("deadline": it could no longer be
-    served in time; "evicted")."""
+async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: float) -> Waited | Reason:
+    """Wait up to `timeout_s` (its latest start) for `waiter`'s slot: what it came to, or the reason
+    the line gave up on it (`DEADLINE`: it could no longer be served in time; `EVICTED`)."""
     if waiter.granted:
-        return "granted"
+        return Waited.GRANTED
     if waiter.refused is not None:
         return waiter.refused
     waiter._event = anyio.Event()
@@ -35,8 +35,8 @@ async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: fl
         core.leave(waiter)  # the place, or a slot granted meanwhile, goes back
         raise
     if waiter.granted and body.outcome is not ReadOutcome.DISCONNECTED:
-        return "granted"
+        return Waited.GRANTED
     core.leave(waiter)  # gives back the slot if it came in the same instant
     if body.outcome is ReadOutcome.DISCONNECTED:
-        return "left"
-    return waiter.refused or "timeout"
+        return Waited.LEFT
+    return waiter.refused or Waited.TIMEOUT
