@@ -73,7 +73,6 @@ class AdaptiveGate:
             initial_limit=self.options.initial_limit,
             max_queue=self.options.max_queue,
             max_retry_after_s=self.options.max_retry_after,
-            clock=clock,
             unix_offset_s=time.time() - clock(),
             classes=self.options.priority is not None or self.options.tenant is not None,
             priority_aging_s=self.options.priority_aging,
@@ -88,7 +87,7 @@ class AdaptiveGate:
             self.options, self.core, diagnostics if diagnostics is not None else Diagnostics(), clock=clock
         )
         self._endpoints = Endpoints(self.options)
-        self._answers = Answers(self.core, self.options)
+        self._answers = Answers(self.core, self.options, clock)
         self._routes = RouteTable(
             self.options.tag,
             fallback_app=app,
@@ -188,7 +187,7 @@ class AdaptiveGate:
                 raise  # mid-stream: the status line is gone, the server must close the connection
             await self._answers.answer_oom(send, alone=alone)
         finally:
-            watch.ended(ticket)
+            watch.ended(ticket, clock())
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)
 
@@ -208,11 +207,16 @@ class AdaptiveGate:
         core, classify = self.core, self._classify
         request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
         if classify is None:
-            admission = core.arrive(deadline_s, units=units, route=route)
+            admission = core.arrive(deadline_s, now_s=self._clock(), units=units, route=route)
         else:
             request_class = classify(scope)
             admission = core.arrive(
-                deadline_s, units=units, route=route, priority=request_class[0], tenant=request_class[1]
+                deadline_s,
+                now_s=self._clock(),
+                units=units,
+                route=route,
+                priority=request_class[0],
+                tenant=request_class[1],
             )
         if admission is not ADMITTED:
             replay = await self._wait_or_reject(admission, body, receive, send, request_class)
@@ -258,7 +262,8 @@ class AdaptiveGate:
             await self._answers.reject(send, admission, admission.detail, request_class=request_class)
             return False
         # It waits only as long as it could still finish in time: its deadline less its work.
-        outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission))
+        clock = self._clock
+        outcome = await wait_in_line(self.core, admission, body, self.core.wait_budget_s(admission, clock()), clock)
         if outcome is Waited.LEFT:
             self.core.left(*(request_class or ()))
         elif outcome is Reason.EVICTED:

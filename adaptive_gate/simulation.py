@@ -141,7 +141,6 @@ def simulate(
         initial_limit=initial_limit,
         max_queue=max_queue,
         max_retry_after_s=60,
-        clock=lambda: run.now_s,
         seed=seed,
     )
     run.core.limit_listeners.append(run.limit_changed)
@@ -277,11 +276,11 @@ class _Run:
         units = self.core.weigh(route, 1 if phase.cost is None else units_of_cost(phase.cost(nbytes)))
         request = _Request(next(self.ids), self.now_s, nbytes, work_s, units, route, client)
         self.told("arrive", request.id)
-        admission = self.core.arrive(self.queue_timeout_s, units=units, route=route)
+        admission = self.core.arrive(self.queue_timeout_s, now_s=self.now_s, units=units, route=route)
         if admission is ADMITTED:
             self.start(request)
-        elif isinstance(admission, str):
-            self.core.rejected(admission)
+        elif isinstance(admission, Reason):
+            self.core.rejected(admission, now_s=self.now_s)
             self.result.rejected += 1
             self.answered(request, refused=True)
         else:
@@ -325,7 +324,7 @@ class _Run:
         # the middleware reads it from the message (`oom.tried_bytes`), here it is the request's size.
         too_large = self.core.oom(request.ticket, self.now_s, tried_bytes=request.nbytes)
         self.core.release(request.ticket, self.now_s, Outcome.OOM)
-        self.core.rejected(Reason.TOO_LARGE if too_large else Reason.OOM)
+        self.core.rejected(Reason.TOO_LARGE if too_large else Reason.OOM, now_s=self.now_s)
         self.result.too_large += too_large
         self.answered(request, refused=True)
         if self.crash_s > 0 and self.now_s >= self.down_until_s:
@@ -372,8 +371,8 @@ class _Run:
         if waiter is None or waiter not in self.waiting:
             return
         del self.waiting[waiter]
-        self.core.leave(waiter)
-        self.core.rejected(Reason.DEADLINE, timed_out=True)
+        self.core.leave(waiter, self.now_s)
+        self.core.rejected(Reason.DEADLINE, now_s=self.now_s, timed_out=True)
         self.result.timed_out += 1
         self.result.rejected += 1
         self.answered(payload, refused=True)

@@ -91,7 +91,7 @@ class OracleMiddleware:
         return self.limiter.limit if self.counting else math.nan
 
     def resize(self, phase: Phase) -> None:
-        self.limiter.limit = self._limit(phase)
+        self.limiter.set_limit(self._limit(phase), time.monotonic())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
@@ -102,7 +102,7 @@ class OracleMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            self.limiter.release(units)
+            self.limiter.release(units, now_s=time.monotonic())
 
 
 class ReaderMiddleware:
@@ -125,7 +125,7 @@ class ReaderMiddleware:
     def read(self) -> None:
         scenario, gpu = self.world.scenario, self.world.gpu
         room_bytes = scenario.total_bytes - scenario.weights_bytes - gpu.neighbour_bytes
-        self.limiter.limit = max(1, room_bytes // GiB)
+        self.limiter.set_limit(max(1, room_bytes // GiB), time.monotonic())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
@@ -136,7 +136,7 @@ class ReaderMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            self.limiter.release(units)
+            self.limiter.release(units, now_s=time.monotonic())
 
 
 def header(scope: Scope, name: bytes) -> str:

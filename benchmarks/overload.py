@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptive_gate.control import Fixed
-from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
+from adaptive_gate.core import ADMITTED, GateCore, Outcome, Reason, Ticket
 from adaptive_gate.limiter import Waiter
 from adaptive_gate.status import percentiles_ms
 
@@ -90,7 +90,7 @@ class Replay:
         self.service_s = service_s
         self.core = GateCore(
             Fixed(limit), min_limit=1, max_limit=limit, initial_limit=limit, max_queue=max_queue,
-            max_retry_after_s=60, clock=lambda: self.now_s, seed=seed, overload=overload,
+            max_retry_after_s=60, seed=seed, overload=overload,
             classes=classes if classes is not None else any(f.priority or f.tenant for f in flows),
             priority_aging_s=priority_aging_s,
         )  # fmt: skip
@@ -147,15 +147,17 @@ class Replay:
             self.at(self.now_s + self.random.expovariate(flow.rate_per_s), "arrival", index)
         request = _Request(index, self.now_s, self.service_s * self.random.uniform(0.8, 1.2))
         self.results[index].offered += 1
-        admission = self.core.arrive(flow.deadline_s, route=ROUTE, priority=flow.priority, tenant=flow.tenant)
+        admission = self.core.arrive(
+            flow.deadline_s, route=ROUTE, priority=flow.priority, tenant=flow.tenant, now_s=self.now_s
+        )
         if admission is ADMITTED:
             self.start(request)
-        elif isinstance(admission, str):
+        elif isinstance(admission, Reason):
             self.reject(request, admission)
         else:
             request.waiter = admission
             self.waiting[admission] = request
-            self.at(self.now_s + self.core.wait_budget_s(admission), "timeout", request)
+            self.at(self.now_s + self.core.wait_budget_s(admission, self.now_s), "timeout", request)
 
     def start(self, request: _Request) -> None:
         waited_s = self.now_s - request.arrived_s
@@ -181,12 +183,12 @@ class Replay:
         assert isinstance(payload, _Request) and payload.waiter is not None
         if self.waiting.pop(payload.waiter, None) is None:
             return  # started or refused already
-        self.core.leave(payload.waiter)  # a slot granted in this very instant goes on to the next
-        self.reject(payload, "deadline", timed_out=True)
+        self.core.leave(payload.waiter, self.now_s)  # a slot granted in this very instant goes on to the next
+        self.reject(payload, Reason.DEADLINE, timed_out=True)
 
-    def reject(self, request: _Request, reason: str, *, timed_out: bool = False) -> None:
+    def reject(self, request: _Request, reason: Reason, *, timed_out: bool = False) -> None:
         flow = self.flows[request.flow]
-        self.core.rejected(reason, timed_out=timed_out, priority=flow.priority, tenant=flow.tenant)
+        self.core.rejected(reason, timed_out=timed_out, priority=flow.priority, tenant=flow.tenant, now_s=self.now_s)
         self.results[request.flow].rejected += 1
         self.results[request.flow].rejected_after_s += self.now_s - request.arrived_s
         self.next_of(request, flow.pause_s)
@@ -198,7 +200,7 @@ class Replay:
             if waiter.granted:
                 self.start(request)
             else:
-                self.reject(request, "deadline", timed_out=True)
+                self.reject(request, Reason.DEADLINE, timed_out=True)
 
 
 def capacity_per_s(limit: int = LIMIT, service_s: float = SERVICE_S) -> float:

@@ -23,7 +23,6 @@ class CoreMachine(RuleBasedStateMachine):
         self.now = [0.0]
         self.core = GateCore(
             AIMD(), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
-            clock=lambda: self.now[0],
         )  # fmt: skip
         self.running: list[Ticket] = []
         self.waiting: list[Waiter] = []
@@ -34,7 +33,7 @@ class CoreMachine(RuleBasedStateMachine):
         for waiter in [w for w in self.waiting if w.refused is not None]:
             # The line gave up on it (it could no longer finish in time, or went stale in a standing queue).
             self.waiting.remove(waiter)
-            self.core.rejected("deadline", timed_out=True)
+            self.core.rejected("deadline", timed_out=True, now_s=self.now[0])
             self.turned_away += 1
         for waiter in [w for w in self.waiting if w.granted]:
             self.waiting.remove(waiter)
@@ -46,11 +45,11 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule()
     def arrive(self) -> None:
-        admission = self.core.arrive(30.0)
+        admission = self.core.arrive(30.0, now_s=self.now[0])
         if admission is ADMITTED:
             self.running.append(self.core.admitted(self.now[0], 0.0))
         elif isinstance(admission, str):
-            self.core.rejected(admission)
+            self.core.rejected(admission, now_s=self.now[0])
             self.turned_away += 1
         else:
             self.waiting.append(admission)
@@ -71,7 +70,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 100))
     def leave(self, index: int) -> None:
         waiter = self.waiting.pop(index % len(self.waiting))
-        self.core.leave(waiter)
+        self.core.leave(waiter, self.now[0])
         self.core.left()
         self.left += 1
         self._start_granted()
@@ -100,7 +99,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def snapshot_is_consistent(self) -> None:
-        stats = self.core.statistics()
+        stats = self.core.statistics(self.now[0])
         assert (stats.limit, stats.in_flight, stats.queued) == (
             self.core.limiter.limit, len(self.running), len(self.waiting)
         )  # fmt: skip

@@ -22,7 +22,6 @@ def core_at(now: list[float], **kwargs: object) -> GateCore:
         initial_limit=kwargs.pop("initial_limit", 8),  # type: ignore[arg-type]
         max_queue=8,
         max_retry_after_s=60,
-        clock=lambda: now[0],
     )
 
 
@@ -33,7 +32,7 @@ def test_an_oom_alone_that_the_probe_counted_first_still_cuts_nothing() -> None:
     now = [0.0]
     core = core_at(now)
     core.sample(MemorySample(1 * GiB, 24 * GiB, oom_count=0), now[0])
-    assert core.arrive(30.0) is ADMITTED
+    assert core.arrive(30.0, now_s=now[0]) is ADMITTED
     ticket = core.admitted(now[0], 0.0)
     for step in range(1, 30):  # readings every 10 ms while the error is on its way
         now[0] = step * 0.01
@@ -58,7 +57,7 @@ def test_an_oom_that_names_more_than_the_card_holds_is_too_large_beside_others()
     core.sample(MemorySample(8 * GiB, 24 * GiB, oom_count=0), now[0])
     tickets = []
     for _ in range(3):
-        assert core.arrive(30.0) is ADMITTED
+        assert core.arrive(30.0, now_s=now[0]) is ADMITTED
         tickets.append(core.admitted(now[0], 0.0))
     now[0] = 0.05
     core.sample(MemorySample(17 * GiB, 24 * GiB, oom_count=0), now[0])  # 3 GiB each
@@ -143,7 +142,7 @@ def test_a_reading_is_learned_beside_the_requests_in_flight_when_it_was_taken() 
     now = [0.0]
     core = core_at(now)
     for _ in range(2):
-        assert core.arrive(30.0) is ADMITTED
+        assert core.arrive(30.0, now_s=now[0]) is ADMITTED
     core.sample(MemorySample(8 * GiB, 24 * GiB), now[0], InFlight(0.0, {}))
     model = core.controller.describe()["memory_model"]
     assert model is None  # an idle reading tells the others' bytes, and nothing yet of a request's

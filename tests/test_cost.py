@@ -39,26 +39,26 @@ def test_units_are_64ths_and_bad_costs_say_what_is_wrong() -> None:
 
 def test_a_heavy_request_waits_for_room_and_a_light_one_behind_it_waits_its_turn() -> None:
     limiter = Limiter(5, max_queue=8)
-    assert limiter.try_acquire(2) and limiter.try_acquire(2)
-    assert not limiter.try_acquire(2)  # 4 + 2 > 5
-    heavy = limiter.join(Waiter(units=4))
-    light = limiter.join(Waiter(units=1))
+    assert limiter.try_acquire(2, now_s=0.0) and limiter.try_acquire(2, now_s=0.0)
+    assert not limiter.try_acquire(2, now_s=0.0)  # 4 + 2 > 5
+    heavy = limiter.join(Waiter(units=4), now_s=0.0)
+    light = limiter.join(Waiter(units=1), now_s=0.0)
     assert not heavy.granted and not light.granted  # first come, first served: 1 would fit, but waits
-    limiter.release(2)
+    limiter.release(2, now_s=0.0)
     assert not heavy.granted  # 2 + 4 > 5
-    limiter.release(2)
+    limiter.release(2, now_s=0.0)
     assert heavy.granted and light.granted and limiter.in_flight == 5
 
 
 def test_a_request_heavier_than_the_limit_runs_alone() -> None:
     limiter = Limiter(3, max_queue=4)
-    assert limiter.try_acquire(1)
-    huge = limiter.join(Waiter(units=10))
-    limiter.release(1)
+    assert limiter.try_acquire(1, now_s=0.0)
+    huge = limiter.join(Waiter(units=10), now_s=0.0)
+    limiter.release(1, now_s=0.0)
     assert huge.granted and limiter.in_flight == 10  # alone: never starved by its own weight
-    assert not limiter.try_acquire(1)
-    limiter.release(10)
-    assert limiter.in_flight == 0 and limiter.try_acquire(10)
+    assert not limiter.try_acquire(1, now_s=0.0)
+    limiter.release(10, now_s=0.0)
+    assert limiter.in_flight == 0 and limiter.try_acquire(10, now_s=0.0)
 
 
 class WeightedLimiterMachine(RuleBasedStateMachine):
@@ -72,26 +72,26 @@ class WeightedLimiterMachine(RuleBasedStateMachine):
 
     @rule(units=st.sampled_from([1 / 64, 0.5, 1, 1.5, 3, 7]))
     def arrive(self, units: float) -> None:
-        if self.limiter.try_acquire(units):
+        if self.limiter.try_acquire(units, now_s=0.0):
             self.holding.append(units)
         elif self.limiter.queued < self.limiter.max_queue:
-            self.waiting.append(self.limiter.join(Waiter(units=units)))
+            self.waiting.append(self.limiter.join(Waiter(units=units), now_s=0.0))
 
     @precondition(lambda self: self.holding)
     @rule(index=st.integers(0, 100))
     def release(self, index: int) -> None:
-        self.limiter.release(self.holding.pop(index % len(self.holding)))
+        self.limiter.release(self.holding.pop(index % len(self.holding)), now_s=0.0)
         self.collect()
 
     @precondition(lambda self: self.waiting)
     @rule(index=st.integers(0, 100))
     def leave(self, index: int) -> None:
-        self.limiter.leave(self.waiting.pop(index % len(self.waiting)))
+        self.limiter.leave(self.waiting.pop(index % len(self.waiting)), now_s=0.0)
         self.collect()
 
     @rule(limit=st.integers(1, 8))
     def resize(self, limit: int) -> None:
-        self.limiter.limit = limit
+        self.limiter.set_limit(limit, 0.0)
         self.collect()
 
     def collect(self) -> None:
@@ -120,14 +120,14 @@ class WeightedFairLimiterMachine(WeightedLimiterMachine):
     def __init__(self) -> None:
         super().__init__()
         # A still clock: aging moves nobody between two events, so the head is what the limiter saw.
-        self.limiter = Limiter(4, max_queue=6, line=FairLine(aging_s=10.0), clock=lambda: 0.0)
+        self.limiter = Limiter(4, max_queue=6, line=FairLine(aging_s=10.0))
 
     @rule(units=st.sampled_from([0.5, 1, 3, 7]), priority=st.integers(-1, 1), tenant=st.sampled_from(["a", "b", None]))
     def arrive_classed(self, units: float, priority: int, tenant: str | None) -> None:
-        if self.limiter.try_acquire(units):
+        if self.limiter.try_acquire(units, now_s=0.0):
             self.holding.append(units)
         elif self.limiter.queued < self.limiter.max_queue:
-            self.waiting.append(self.limiter.join(Waiter(priority, tenant, units=units)))
+            self.waiting.append(self.limiter.join(Waiter(priority, tenant, units=units), now_s=0.0))
 
     @invariant()
     def books_balance(self) -> None:
@@ -190,11 +190,10 @@ def test_a_full_line_behind_a_heavy_head_is_not_ready() -> None:
     from adaptive_gate.core import ADMITTED, GateCore
     from adaptive_gate.limiter import Waiter
 
-    core = GateCore(Fixed(4), min_limit=1, max_limit=4, initial_limit=None, max_queue=1, max_retry_after_s=60,
-                    clock=lambda: 0.0)  # fmt: skip
-    assert core.arrive(30.0, units=3) is ADMITTED
-    assert isinstance(core.arrive(30.0, units=2), Waiter)  # waits: 3 + 2 > 4
-    assert core.arrive(30.0, units=1) == "queue_full"  # 1 would fit beside the 3, but the line is full
+    core = GateCore(Fixed(4), min_limit=1, max_limit=4, initial_limit=None, max_queue=1, max_retry_after_s=60)
+    assert core.arrive(30.0, units=3, now_s=0.0) is ADMITTED
+    assert isinstance(core.arrive(30.0, units=2, now_s=0.0), Waiter)  # waits: 3 + 2 > 4
+    assert core.arrive(30.0, units=1, now_s=0.0) == "queue_full"  # 1 would fit beside the 3, but the line is full
     assert core.readiness()[0] is False
 
 
@@ -207,14 +206,14 @@ def test_a_tick_serves_a_waiter_that_the_line_put_first_meanwhile() -> None:
     now_s = [0.0]
     detector = OverloadDetector(0.005)
     detector.overloaded = True  # in overload
-    limiter = Limiter(4, max_queue=10, clock=lambda: now_s[0], line=FairLine(10.0, detector))
-    assert limiter.try_acquire(3)
-    limiter.join(Waiter(0, "a", 99, units=2))  # the oldest: served first, but 3 + 2 > 4
+    limiter = Limiter(4, max_queue=10, line=FairLine(10.0, detector))
+    assert limiter.try_acquire(3, now_s=now_s[0])
+    limiter.join(Waiter(0, "a", 99, units=2), now_s=now_s[0])  # the oldest: served first, but 3 + 2 > 4
     now_s[0] = 0.01
-    light = limiter.join(Waiter(0, "a", 99, units=1))
+    light = limiter.join(Waiter(0, "a", 99, units=1), now_s=now_s[0])
     now_s[0] = 0.2  # tenant a's line has stood: newest first, and the light one fits
     assert not light.granted
-    limiter.reconsider()
+    limiter.reconsider(now_s[0])
     assert light.granted and limiter.in_flight == 4
 
 
@@ -226,11 +225,11 @@ async def test_acquire_waits_for_room_for_its_units() -> None:
     async def heavy() -> None:
         await limiter.acquire(units=2)
         got.append(limiter.in_flight)
-        limiter.release(2)
+        limiter.release(2, now_s=0.0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(heavy)
         await anyio.sleep(0.01)
         assert got == [] and limiter.queued == 1  # 3 + 2 > 4: it waits
-        limiter.release(3)
+        limiter.release(3, now_s=0.0)
     assert got == [2] and limiter.in_flight == 0 and limiter.queued == 0

@@ -23,7 +23,7 @@ from demo_service.__main__ import parse_args, parse_size, settings_from
 from demo_service.model import DEFAULT_MODEL, build_model, leaf_modules, weight_bytes
 from demo_service.policies import parse_policy
 
-from .helpers import find_gate, image_bytes
+from .helpers import find_gate, image_bytes, wait_until
 from .servers import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.anyio
@@ -110,7 +110,7 @@ async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: h
     assert response.status_code == 400 and "?files=2 declared, 3 files sent" in response.text
     assert (await client.post("/predict/batch", files=files)).status_code == 200
     assert weights == [3.0, 2.0, 1.0]
-    assert gate.core.limiter.in_flight == 0
+    assert gate.statistics().in_flight == 0
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ async def test_bad_input_is_a_clear_4xx_and_frees_the_slot(
     assert response.status_code == status
     assert words in str(response.json()["detail"])
     gate = find_gate(client.app)  # type: ignore[attr-defined]
-    assert gate.core.limiter.in_flight == 0
+    assert gate.statistics().in_flight == 0
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ async def test_decompression_bombs_are_refused_before_decoding(
     response = await client.post("/predict", files={"file": (f"{name}.bin", data)})
     assert response.status_code == status, response.text
     assert words in response.json()["detail"]
-    assert find_gate(client.app).core.limiter.in_flight == 0  # type: ignore[attr-defined]
+    assert find_gate(client.app).statistics().in_flight == 0  # type: ignore[attr-defined]
 
 
 async def test_neighbour_control_on_the_simulated_card(client: httpx.AsyncClient) -> None:
@@ -174,9 +174,7 @@ async def test_health_is_not_gated_and_status_says_simulated(client: httpx.Async
     assert (await client.get("/healthz")).json() == {"ok": True, "model_loaded": True}
     await client.post("/predict", files={"file": ("x.png", image_bytes())})
     gate = find_gate(client.app)  # type: ignore[attr-defined]
-    with anyio.fail_after(5):
-        while gate.core.probe.last_sample is None:  # noqa: ASYNC110 - the sampler's own period
-            await anyio.sleep(0.01)
+    await wait_until(lambda: gate.statistics().probe.last_sample is not None)  # the sampler's own period
     status = (await client.get("/gate/status")).json()
     assert status["memory"]["simulated"] is True and status["memory"]["total_bytes"] == 768 * MiB
     assert status["counters"]["admitted"] == 1 and status["counters"]["completed"] == 1
@@ -256,7 +254,7 @@ async def test_a_batch_too_big_for_the_card_is_a_503_not_a_crash() -> None:
     assert response.status_code == 503 and response.json()["reason"] == "too_large"
     assert "retry-after" in response.headers
     assert small.status_code == 200
-    assert find_gate(app).core.controller.epoch == 0
+    assert find_gate(app).statistics().controller.epoch == 0
 
 
 async def test_model_is_loaded_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
@@ -425,9 +423,9 @@ async def test_the_limit_climbs_back_after_a_neighbour_leaves_the_demo_card() ->
 
         async def limit_reaches(check: object, timeout_s: float = 20.0) -> int:
             with anyio.fail_after(timeout_s):
-                while not check(gate.core.limiter.limit):  # type: ignore[operator]  # noqa: ASYNC110 - polled, as a user would
+                while not check(gate.statistics().limit):  # type: ignore[operator]  # noqa: ASYNC110 - polled, as a user would
                     await anyio.sleep(0.02)
-            return gate.core.limiter.limit
+            return gate.statistics().limit
 
         async with anyio.create_task_group() as tg:
             for _ in range(12):

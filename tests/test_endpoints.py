@@ -143,7 +143,7 @@ async def test_put_limits_pins_and_bounds_the_limit_at_run_time() -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(6):
                 tg.start_soon(client.post, "/work")
-            await wait_until(lambda: held.entered == 2 and find_gate(app).core.limiter.queued == 4)
+            await wait_until(lambda: held.entered == 2 and find_gate(app).statistics().queued == 4)
             assert held.running == 2  # the pin holds: two run, four wait
             widened = await client.put("/gate/limits", json={"min_limit": 1, "max_limit": 5}, headers=AUTH)
             assert widened.json()["limit"] == 5
@@ -202,10 +202,10 @@ async def test_the_controller_does_not_creep_while_the_operator_holds_the_limit_
             async with anyio.create_task_group() as tg:
                 for _ in range(6):
                     tg.start_soon(client.post, "/work")
-            gate_limit_seen.append(find_gate(app).core.limiter.limit)
+            gate_limit_seen.append(find_gate(app).statistics().limit)
         gate = find_gate(app)
         assert max(gate_limit_seen) == 2
-        assert gate.core.controller.limit <= 2  # demand held by the operator is not demand to grow on
+        assert gate.statistics().controller.limit <= 2  # demand held by the operator is not demand to grow on
 
 
 class BrokenProbe:
@@ -219,7 +219,7 @@ async def test_ready_says_no_while_the_queue_is_full_and_degraded_while_the_prob
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.post, "/work")
             tg.start_soon(client.post, "/work")
-            await wait_until(lambda: find_gate(app).core.limiter.queued == 1)
+            await wait_until(lambda: find_gate(app).statistics().queued == 1)
             full = await client.get("/gate/ready")
             assert full.status_code == 503 and "queue is full" in full.json()["reasons"][0]
             held.go.set()
@@ -228,7 +228,7 @@ async def test_ready_says_no_while_the_queue_is_full_and_degraded_while_the_prob
     app, _ = gated_app(probe=BrokenProbe(), sample_period=0.01)
     async with LifespanManager(app), client_for(app) as client:
         await client.get("/healthz")
-        await wait_until(lambda: find_gate(app).core.probe.consecutive_errors >= 3)
+        await wait_until(lambda: find_gate(app).statistics().probe.consecutive_errors >= 3)
         broken = await client.get("/gate/ready")
         # An NVML outage hits every replica at once: taking them all out of rotation would be an outage.
         assert broken.status_code == 200 and broken.json()["reasons"] == []
@@ -267,16 +267,16 @@ async def test_one_structured_log_line_per_limit_change_and_none_per_request(
             async with anyio.create_task_group() as tg:
                 for _ in range(8):
                     tg.start_soon(client.post, "/work")
-    gate = find_gate(app)
+    stats = find_gate(app).statistics()
     changes = [r for r in caplog.records if getattr(r, "adaptive_gate", {}).get("event") == "limit_change"]
     assert (
         len(changes)
-        == len(gate.core.limit_changes)
-        == gate.core.counters.limit_increases + gate.core.counters.limit_decreases
+        == len(stats.limit_changes)
+        == stats.counters["limit_increases"] + stats.counters["limit_decreases"]
     )
     assert len(changes) >= 2
     first = changes[0].adaptive_gate  # type: ignore[attr-defined]
-    assert (first["old"], first["new"]) == (gate.core.limit_changes[0].old, gate.core.limit_changes[0].new)
+    assert (first["old"], first["new"]) == (stats.limit_changes[0].old, stats.limit_changes[0].new)
     assert re.fullmatch(r"adaptive_gate limit change: old=\d+ new=\d+ reason=\".+\"", changes[0].getMessage())
     # 80 requests, and nothing else at INFO or above.
     assert len([r for r in caplog.records if r.levelno >= logging.INFO]) == len(changes)
@@ -307,7 +307,7 @@ async def test_ooms_log_once_per_congestion_event(caplog: pytest.LogCaptureFixtu
         async with anyio.create_task_group() as tg:
             for _ in range(8):
                 tg.start_soon(one)
-            await wait_until(lambda: find_gate(app).core.limiter.in_flight == 8)
+            await wait_until(lambda: find_gate(app).statistics().in_flight == 8)
             gate_open.set()
     assert statuses.count(503) >= 5
     oom_lines = [r for r in caplog.records if "out of memory" in r.getMessage() and r.levelno >= logging.INFO]

@@ -123,7 +123,7 @@ async def test_a_lying_reading_is_a_probe_error_and_the_gate_lives_on(
         assert status.status_code == 200
         document = json.loads(status.content, parse_constant=_no_constants)
         gate = find_gate(app)
-        assert gate.core.probe.errors == 3
+        assert gate.statistics().probe.errors == 3
         assert document["probe"]["errors"] == 3 and document["memory"]["used_bytes"] == 1 << 30
         assert (await client.get("/gate/metrics")).status_code == 200
         assert (await client.get("/gate/dashboard/data")).status_code == 200
@@ -172,14 +172,15 @@ def test_a_slow_uploader_holds_no_gpu_slot() -> None:
         trickler = threading.Thread(target=trickle)
         trickler.start()
         try:
-            started_s = time.monotonic()
             for _ in range(3):
                 response = httpx.post(f"{url}/infer", content=b"x" * 10, timeout=10)
                 assert response.status_code == 200 and response.json() == {"bytes": 10}
-            assert time.monotonic() - started_s < 1.9  # served while the slow one still uploads
+            # Served while the slow one still uploads: its body timeout has not struck yet (an order of
+            # events; holding the slot, it would have kept these three waiting until it did).
             gate = find_gate(app)
-            assert gate.core.counters.admitted == 3
-            slow.settimeout(10)
+            stats = gate.statistics()
+            assert stats.counters["admitted"] == 3 and stats.counters["body_timeouts"] == 0
+            slow.settimeout(30)
             answer = slow.recv(65536)
         finally:
             stop.set()
@@ -187,7 +188,8 @@ def test_a_slow_uploader_holds_no_gpu_slot() -> None:
             slow.close()
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert b'"reason":"body_timeout"' in answer
-    assert gate.core.counters.body_timeouts == 1 and gate.core.limiter.in_flight == 0
+    stats = gate.statistics()
+    assert stats.counters["body_timeouts"] == 1 and stats.in_flight == 0
 
 
 def test_a_client_that_reads_nothing_loses_its_slot_after_the_send_timeout() -> None:
@@ -209,15 +211,15 @@ def test_a_client_that_reads_nothing_loses_its_slot_after_the_send_timeout() -> 
         reader.connect(("127.0.0.1", port))
         reader.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")  # and never reads
         gate = find_gate_when_built(app)
-        wait_for(lambda: gate.core.limiter.in_flight == 1)
-        started_s = time.monotonic()
-        response = httpx.get(f"{url}/stream", params={"chunks": 2}, timeout=20)
-        waited_s = time.monotonic() - started_s
+        wait_for(lambda: gate.statistics().in_flight == 1)
+        # The 256 MiB stream never ends while its reader reads nothing: only the send timeout can free
+        # the slot (the client's timeout is a guard against a hang, not a measure).
+        response = httpx.get(f"{url}/stream", params={"chunks": 2}, timeout=30)
         reader.close()
-        wait_for(lambda: gate.core.limiter.in_flight == 0)
+        wait_for(lambda: gate.statistics().in_flight == 0)
     assert response.status_code == 200 and len(response.content) == 2 * 65536
-    assert waited_s < 15  # freed by the send timeout, not by the end of a 256 MiB stream
-    assert gate.core.counters.failed == 1 and gate.core.counters.completed == 1
+    stats = gate.statistics()
+    assert stats.counters["failed"] == 1 and stats.counters["completed"] == 1  # the stuck one was cut short
 
 
 def find_gate_when_built(app: Any) -> AdaptiveGate:
@@ -251,7 +253,8 @@ async def test_a_body_over_max_body_bytes_is_413_before_it_is_read() -> None:
     assert streamed.status_code == 413
     assert fits.status_code == 200
     gate = find_gate(app)
-    assert gate.core.counters.bodies_too_large == 2 and gate.core.counters.admitted == 1
+    stats = gate.statistics()
+    assert stats.counters["bodies_too_large"] == 2 and stats.counters["admitted"] == 1
 
 
 # -- 3. an over-long deadline header --------------------------------------------------------------
@@ -271,7 +274,7 @@ async def test_an_over_long_deadline_header_is_no_500(digits: int) -> None:
                 queued.append(await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "9" * digits}))
 
             tg.start_soon(must_queue)
-            await wait_until(lambda: find_gate(app).core.limiter.queued == 1)
+            await wait_until(lambda: find_gate(app).statistics().queued == 1)
             held.go.set()
     assert queued[0].status_code == 200  # taken as "longer than queue_timeout", and served
 
@@ -310,14 +313,14 @@ async def test_a_hung_probe_pins_one_thread_and_is_not_called_again_until_it_ret
     try:
         async with LifespanManager(app), client_for(app) as client:
             gate = find_gate(app)
-            await wait_until(lambda: gate.core.probe.errors >= 5)
+            await wait_until(lambda: gate.statistics().probe.errors >= 5)
             assert probe.calls == 1  # one call hangs; the retries wait for it instead of adding threads
             assert threading.active_count() <= threads_before + 1
             assert (await client.post("/infer", content=b"abc")).status_code == 200
             status = (await client.get("/gate/status")).json()
             assert "has not returned after" in status["probe"]["last_error"]
             probe.release.set()  # the driver answers again: readings resume
-            await wait_until(lambda: gate.core.probe.last_sample is not None)
+            await wait_until(lambda: gate.statistics().probe.last_sample is not None)
             assert probe.calls >= 2
     finally:
         probe.release.set()
@@ -325,19 +328,19 @@ async def test_a_hung_probe_pins_one_thread_and_is_not_called_again_until_it_ret
 
 @pytest.mark.anyio
 async def test_a_probe_that_hangs_at_start_up_shows_in_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
-    release = threading.Event()
+    release, returned = threading.Event(), threading.Event()
 
     def hanging_auto_probe() -> tuple[None, str]:
         release.wait(30)
+        returned.set()
         return None, "probe: none"
 
     monkeypatch.setattr("adaptive_gate._http.operations.auto_probe", hanging_auto_probe)
     app = echo_app(probe="auto", probe_timeout=0.02, sample_period=0.01)
     try:
-        started_s = time.monotonic()
         async with LifespanManager(app), client_for(app) as client:
-            assert time.monotonic() - started_s < 2.0  # start-up does not wait out a hung probe
-            await wait_until(lambda: find_gate(app).core.probe.errors >= 2)
+            assert not returned.is_set()  # start-up did not wait out the hung probe
+            await wait_until(lambda: find_gate(app).statistics().probe.errors >= 2)
             status = (await client.get("/gate/status")).json()
             assert status["probe"]["healthy"] is False
             assert "the probe did not start" in status["probe"]["last_error"]
@@ -400,10 +403,10 @@ async def test_the_bytes_of_queued_bodies_are_capped() -> None:
     first, second, third = RawClient([b"a"]), RawClient([b"b" * 500]), RawClient([b"c" * 550])
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, app, first, "/infer")
-        await wait_until(lambda: find_gate(app).core.limiter.in_flight == 1)
+        await wait_until(lambda: find_gate(app).statistics().in_flight == 1)
         gate = find_gate(app)
         tg.start_soon(lambda: call(app, second, "/infer", headers=length(500)))
-        await wait_until(lambda: gate.core.limiter.queued == 1)
+        await wait_until(lambda: gate.statistics().queued == 1)
         await call(app, third, "/infer", headers=length(550))  # 500 + 550 bytes would pass the 1000 the queue may hold
         assert third.status == 503 and json.loads(third.body)["reason"] == "queue_full"
         assert "fill the gate's buffer" in json.loads(third.body)["detail"]
@@ -425,11 +428,11 @@ async def test_a_client_that_leaves_after_a_large_body_is_noticed() -> None:
         await wait_until(lambda: held.running == 1)
         gate = find_gate(app)
         tg.start_soon(lambda: call(app, big, "/work", headers=length(40 * 65536)))
-        await wait_until(lambda: gate.core.limiter.queued == 1 and not big.chunks)
+        await wait_until(lambda: gate.statistics().queued == 1 and not big.chunks)
         big.disconnect.set()
-        await wait_until(lambda: gate.core.limiter.queued == 0)
+        await wait_until(lambda: gate.statistics().queued == 0)
         held.go.set()
-    assert gate.core.counters.left_queue == 1 and held.entered == 1 and big.sent == []
+    assert gate.statistics().counters["left_queue"] == 1 and held.entered == 1 and big.sent == []
     assert gate._body_budget.held_bytes == 0
 
 
@@ -443,7 +446,7 @@ async def test_a_list_of_tags_gates_as_meant() -> None:
     async with client_for(app) as client:
         assert (await client.post("/work")).status_code == 200
     gate = find_gate(app)
-    assert gate.core.counters.admitted == 1
+    assert gate.statistics().counters["admitted"] == 1
     assert gate.status()["options"]["tag"] == ["gpu", "vision"]
 
 
@@ -463,7 +466,7 @@ async def test_a_gate_wrapped_around_the_app_finds_its_routes() -> None:
     async with client_for(gate) as client:
         assert (await client.post("/infer")).status_code == 200
         assert (await client.get("/free")).status_code == 200
-    assert gate.core.counters.admitted == 1  # the tagged route only
+    assert gate.statistics().counters["admitted"] == 1  # the tagged route only
 
 
 # -- 10. truthfulness ----------------------------------------------------------------------------
@@ -481,8 +484,9 @@ async def test_pathsend_ends_the_request_as_a_success() -> None:
     scope["extensions"] = {"http.response.pathsend": {}}
     await gate(scope, client.receive, client.send)
     assert client.status == 200
-    assert gate.core.counters.completed == 1 and gate.core.counters.failed == 0 and len(gate.core.service_s) == 1
-    assert gate.core.limiter.in_flight == 0
+    stats = gate.statistics()
+    assert stats.counters["completed"] == 1 and stats.counters["failed"] == 0 and stats.in_flight == 0
+    assert stats.service_histogram.buckets[-1][1] == 1  # one service time observed
 
 
 # -- properties: whatever a probe hands over ---------------------------------------------------------
@@ -562,7 +566,7 @@ async def _drive_gate_with(outputs: list[Any]) -> None:
     expected_calls = len(outputs) + 1
     app = echo_app(probe=Probe(), sample_period=0.001, probe_timeout=0.01)
     async with LifespanManager(app), client_for(app) as client:
-        await wait_until(lambda: Probe.calls >= expected_calls, timeout_s=10)
+        await wait_until(lambda: Probe.calls >= expected_calls)
         for _ in range(2):
             assert (await client.post("/infer", content=b"x")).status_code == 200
         for path in ("/gate/status", "/gate/dashboard/data", "/gate/ready"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import anyio
 import anyio.lowlevel
@@ -22,29 +21,29 @@ pytestmark = pytest.mark.anyio
 
 def test_takes_free_slots_then_queues() -> None:
     limiter = Limiter(2, max_queue=5)
-    assert limiter.try_acquire() and limiter.try_acquire()
-    assert not limiter.try_acquire()
-    waiter = limiter.join()
+    assert limiter.try_acquire(now_s=0.0) and limiter.try_acquire(now_s=0.0)
+    assert not limiter.try_acquire(now_s=0.0)
+    waiter = limiter.join(now_s=0.0)
     assert not waiter.granted and limiter.queued == 1
-    limiter.release()
+    limiter.release(now_s=0.0)
     assert waiter.granted and limiter.in_flight == 2 and limiter.queued == 0
 
 
 def test_newcomer_cannot_overtake_a_waiter() -> None:
     limiter = Limiter(1, max_queue=5)
-    assert limiter.try_acquire()
-    first = limiter.join()
-    limiter.limit = 1  # no change, no grant
-    limiter.release()
+    assert limiter.try_acquire(now_s=0.0)
+    first = limiter.join(now_s=0.0)
+    limiter.set_limit(1, 0.0)  # no change, no grant
+    limiter.release(now_s=0.0)
     assert first.granted
-    assert not limiter.try_acquire()  # the slot went to the waiter, not to whoever asks next
+    assert not limiter.try_acquire(now_s=0.0)  # the slot went to the waiter, not to whoever asks next
 
 
 def test_raising_the_limit_admits_waiters_in_order() -> None:
     limiter = Limiter(1, max_queue=5)
-    assert limiter.try_acquire()
-    waiters = [limiter.join() for _ in range(4)]
-    limiter.limit = 3
+    assert limiter.try_acquire(now_s=0.0)
+    waiters = [limiter.join(now_s=0.0) for _ in range(4)]
+    limiter.set_limit(3, 0.0)
     assert [w.granted for w in waiters] == [True, True, False, False]
     assert limiter.in_flight == 3
 
@@ -52,39 +51,39 @@ def test_raising_the_limit_admits_waiters_in_order() -> None:
 def test_lowering_the_limit_preempts_nobody() -> None:
     limiter = Limiter(4, max_queue=5)
     for _ in range(4):
-        assert limiter.try_acquire()
-    waiter = limiter.join()
-    limiter.limit = 2
+        assert limiter.try_acquire(now_s=0.0)
+    waiter = limiter.join(now_s=0.0)
+    limiter.set_limit(2, 0.0)
     assert limiter.in_flight == 4
-    limiter.release()
-    limiter.release()
+    limiter.release(now_s=0.0)
+    limiter.release(now_s=0.0)
     assert not waiter.granted and limiter.in_flight == 2
-    limiter.release()
+    limiter.release(now_s=0.0)
     assert waiter.granted and limiter.in_flight == 2
 
 
 def test_queue_is_bounded() -> None:
     limiter = Limiter(1, max_queue=2)
-    limiter.try_acquire()
-    limiter.join()
-    limiter.join()
+    limiter.try_acquire(now_s=0.0)
+    limiter.join(now_s=0.0)
+    limiter.join(now_s=0.0)
     with pytest.raises(QueueFull):
-        limiter.join()
+        limiter.join(now_s=0.0)
 
 
 def test_leaving_after_the_grant_passes_the_slot_on() -> None:
     limiter = Limiter(1, max_queue=5)
-    limiter.try_acquire()
-    first, second = limiter.join(), limiter.join()
-    limiter.release()
+    limiter.try_acquire(now_s=0.0)
+    first, second = limiter.join(now_s=0.0), limiter.join(now_s=0.0)
+    limiter.release(now_s=0.0)
     assert first.granted
-    limiter.leave(first)  # cancelled after the slot was handed over, before it woke up
+    limiter.leave(first, now_s=0.0)  # cancelled after the slot was handed over, before it woke up
     assert second.granted and limiter.in_flight == 1
 
 
 def test_release_without_acquire_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="release"):
-        Limiter(1, max_queue=0).release()
+        Limiter(1, max_queue=0).release(now_s=0.0)
 
 
 @pytest.mark.parametrize("bad", [0, -3])
@@ -93,7 +92,7 @@ def test_limit_below_one_is_refused(bad: int) -> None:
         Limiter(bad, max_queue=1)
     limiter = Limiter(1, max_queue=1)
     with pytest.raises(ValueError, match="limit must be >= 1"):
-        limiter.limit = bad
+        limiter.set_limit(bad, 0.0)
     assert limiter.limit == 1
 
 
@@ -102,20 +101,16 @@ def test_limit_must_be_an_int() -> None:
         Limiter(2.5, max_queue=1)  # type: ignore[arg-type]
 
 
-def test_ten_thousand_waiters_are_cheap() -> None:
+def test_ten_thousand_waiters_half_leaving_from_the_middle_are_served_in_order() -> None:
     limiter = Limiter(1, max_queue=20_000)
-    limiter.try_acquire()
-    started = time.perf_counter()
-    waiters = [limiter.join() for _ in range(10_000)]
+    limiter.try_acquire(now_s=0.0)
+    waiters = [limiter.join(now_s=0.0) for _ in range(10_000)]
     for waiter in waiters[1::2]:
-        limiter.leave(waiter)  # half give up, from the middle of the line
+        limiter.leave(waiter, now_s=0.0)  # half give up, from the middle of the line
     for _ in range(5_000):
-        limiter.release()
-    elapsed = time.perf_counter() - started
-    assert all(w.granted for w in waiters[0::2])
+        limiter.release(now_s=0.0)
+    assert all(w.granted for w in waiters[0::2]) and not any(w.granted for w in waiters[1::2])
     assert limiter.in_flight == 1 and limiter.queued == 0
-    # Linear work: a quadratic line would take seconds here; this is a generous bound, not a benchmark.
-    assert elapsed < 2.0
 
 
 class LimiterMachine(RuleBasedStateMachine):
@@ -142,12 +137,12 @@ class LimiterMachine(RuleBasedStateMachine):
     @rule()
     def arrive(self) -> None:
         limit_before, in_flight_before = self.limiter.limit, self.limiter.in_flight
-        if self.limiter.try_acquire():
+        if self.limiter.try_acquire(now_s=0.0):
             assert in_flight_before < limit_before and not self.line
             self.holders += 1
             return
         try:
-            waiter = self.limiter.join()
+            waiter = self.limiter.join(now_s=0.0)
         except QueueFull:
             assert self.limiter.queued == self.limiter.max_queue
             return
@@ -160,7 +155,7 @@ class LimiterMachine(RuleBasedStateMachine):
     @rule()
     def finish(self) -> None:
         self.holders -= 1
-        self.limiter.release()
+        self.limiter.release(now_s=0.0)
         self._collect_grants()
 
     @precondition(lambda self: bool(self.line))
@@ -169,7 +164,7 @@ class LimiterMachine(RuleBasedStateMachine):
         """A cancellation or a timeout of a waiter anywhere in the line."""
         waiter = data.draw(st.sampled_from(self.line))
         self.line.remove(waiter)
-        self.limiter.leave(waiter)
+        self.limiter.leave(waiter, now_s=0.0)
         self._collect_grants()
 
     @precondition(lambda self: self.holders > 0 and bool(self.line) and self.limiter.in_flight <= self.limiter.limit)
@@ -178,15 +173,15 @@ class LimiterMachine(RuleBasedStateMachine):
         """A slot handed to the front waiter, which is cancelled before it wakes up."""
         front = self.line[0]
         self.holders -= 1
-        self.limiter.release()
+        self.limiter.release(now_s=0.0)
         assert front.granted
         self.line.remove(front)
-        self.limiter.leave(front)  # must pass the slot on, not lose it
+        self.limiter.leave(front, now_s=0.0)  # must pass the slot on, not lose it
         self._collect_grants()
 
     @rule(limit=st.integers(min_value=1, max_value=5))
     def set_limit(self, limit: int) -> None:
-        self.limiter.limit = limit
+        self.limiter.set_limit(limit, 0.0)
         self._collect_grants()
 
     @invariant()
@@ -227,10 +222,10 @@ async def test_acquire_waits_for_release() -> None:
         tg.start_soon(second)
         await anyio.sleep(0.01)
         assert not got.is_set() and limiter.queued == 1
-        limiter.release()
+        limiter.release(now_s=0.0)
         await got.wait()
     assert limiter.in_flight == 1
-    limiter.release()
+    limiter.release(now_s=0.0)
 
 
 async def test_acquire_times_out_and_leaves_the_line() -> None:
@@ -263,7 +258,7 @@ async def test_cancel_after_grant_before_wakeup_gives_the_slot_back() -> None:
     task = asyncio.create_task(limiter.acquire())
     await asyncio.sleep(0.01)
     assert limiter.queued == 1
-    limiter.release()  # hands the slot to the waiter...
+    limiter.release(now_s=0.0)  # hands the slot to the waiter...
     task.cancel()  # ...which is cancelled before it gets to run again
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -279,12 +274,12 @@ async def test_cancelled_holder_released_in_finally_leaves_nothing() -> None:
         try:
             await anyio.sleep(1)
         finally:
-            limiter.release()
+            limiter.release(now_s=0.0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(request)
         await anyio.sleep(0.01)
-        limiter.release()
+        limiter.release(now_s=0.0)
         tg.cancel_scope.cancel()
     assert limiter.in_flight == 0 and limiter.queued == 0
 
@@ -293,7 +288,7 @@ async def test_cancel_after_release() -> None:
     limiter = Limiter(1, max_queue=5)
     with anyio.CancelScope() as scope:
         await limiter.acquire()
-        limiter.release()
+        limiter.release(now_s=0.0)
         scope.cancel()
         await anyio.sleep(1)
     assert limiter.in_flight == 0
@@ -332,7 +327,7 @@ def test_random_tasks_never_exceed_the_limit_nor_leak(ops: list[tuple[str, int]]
                     await anyio.sleep(hold_s)
                 finally:
                     running -= 1
-                    limiter.release()
+                    limiter.release(now_s=0.0)
 
         async with anyio.create_task_group() as tg:
             for op, value in ops:
@@ -341,7 +336,7 @@ def test_random_tasks_never_exceed_the_limit_nor_leak(ops: list[tuple[str, int]]
                 elif op == "cancel" and scopes:
                     scopes[value % len(scopes)].cancel()
                 elif op == "limit":
-                    limiter.limit = value + 1
+                    limiter.set_limit(value + 1, 0.0)
                     highest_limit = max(highest_limit, limiter.limit)
                 await anyio.lowlevel.checkpoint()
         assert limiter.in_flight == 0 and limiter.queued == 0

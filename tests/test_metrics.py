@@ -51,10 +51,10 @@ async def test_the_exposition_agrees_with_the_status() -> None:
         async with anyio.create_task_group() as tg:  # ...and when it must queue: hold both slots
             tg.start_soon(client.post, "/work")
             tg.start_soon(client.post, "/work")
-            await wait_until(lambda: find_gate(app).core.limiter.in_flight == 2)
+            await wait_until(lambda: find_gate(app).statistics().in_flight == 2)
             await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "0"})
         # No request runs now, so the status and the scrape see the same moment, and an idle reading.
-        await wait_until(lambda: find_gate(app).core.probe.last_sample.used_bytes == 100 * MiB)  # type: ignore[union-attr]
+        await wait_until(lambda: find_gate(app).statistics().probe.last_sample.used_bytes == 100 * MiB)  # type: ignore[union-attr]
         status = (await client.get("/gate/status")).json()
         metrics = await client.get("/gate/metrics")
     samples = parse(metrics.text)
@@ -126,7 +126,7 @@ async def test_limit_changes_and_probe_errors_are_counted() -> None:
     app.add_middleware(AdaptiveGate, probe=Flaky(), sample_period=0.01, admin_token="t" * 20, unprotected=("metrics",))
     async with LifespanManager(app), client_for(app) as client:
         await client.get("/gate/metrics")
-        await wait_until(lambda: find_gate(app).core.probe.errors >= 2)
+        await wait_until(lambda: find_gate(app).statistics().probe.errors >= 2)
         auth = {"Authorization": "Bearer " + "t" * 20}
         await client.put("/gate/limits", json={"pin": 5}, headers=auth)
         await client.put("/gate/limits", json={"pin": 3}, headers=auth)

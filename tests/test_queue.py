@@ -14,7 +14,7 @@ from adaptive_gate.limiter import Limiter, QueueFull
 
 
 def fair_limiter(now: list[float], limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000) -> Limiter:
-    return Limiter(limit, max_queue=max_queue, clock=lambda: now[0], line=FairLine(aging_s))
+    return Limiter(limit, max_queue=max_queue, line=FairLine(aging_s))
 
 
 def joins(detector: OverloadDetector, now_s: float, *, wait_s: float = 1.0, budget_s: float = 1.0) -> None:
@@ -154,24 +154,28 @@ def test_aging_lets_the_old_low_priority_one_pass() -> None:
 def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
     now = [0.0]
     limiter = fair_limiter(now, max_queue=3)
-    assert limiter.try_acquire()
-    low_old, low_new, mid = limiter.join(Waiter(0)), limiter.join(Waiter(0)), limiter.join(Waiter(1))
+    assert limiter.try_acquire(now_s=now[0])
+    low_old, low_new, mid = (
+        limiter.join(Waiter(0), now_s=now[0]),
+        limiter.join(Waiter(0), now_s=now[0]),
+        limiter.join(Waiter(1), now_s=now[0]),
+    )
     line = limiter.line
     assert line.evictable(0) is None and line.evictable(1) is low_new and line.evictable(9) is low_new
     limiter.evict(low_new, "evicted")
     assert low_new.refused == "evicted" and limiter.queued == 2
-    high = limiter.join(Waiter(2))
-    limiter.release()
+    high = limiter.join(Waiter(2), now_s=now[0])
+    limiter.release(now_s=now[0])
     assert high.granted and not mid.granted and not low_old.granted
 
 
 def test_tenant_lines_exist_only_while_somebody_waits() -> None:
     now = [0.0]
     limiter = fair_limiter(now, max_queue=10_000)
-    assert limiter.try_acquire()
-    waiters = [limiter.join(Waiter(0, f"random-{i}")) for i in range(5000)]
+    assert limiter.try_acquire(now_s=now[0])
+    waiters = [limiter.join(Waiter(0, f"random-{i}"), now_s=now[0]) for i in range(5000)]
     for waiter in waiters:
-        limiter.leave(waiter)
+        limiter.leave(waiter, now_s=now[0])
     level_count = len(limiter.line._levels)  # type: ignore[union-attr]
     assert limiter.queued == 0 and level_count == 0
 
@@ -180,15 +184,15 @@ def test_backlogged_tenants_get_equal_shares() -> None:
     """Thirty heavy tenants with twenty waiting each and two light ones: every one gets 1/32."""
     now = [0.0]
     limiter = fair_limiter(now)
-    assert limiter.try_acquire()
+    assert limiter.try_acquire(now_s=now[0])
     tenant_of: dict[Waiter, str] = {}
     for _ in range(20):
         for tenant in [f"heavy-{i}" for i in range(30)] + ["light-1", "light-2"]:
-            tenant_of[limiter.join(Waiter(0, tenant))] = tenant
+            tenant_of[limiter.join(Waiter(0, tenant), now_s=now[0])] = tenant
             now[0] += 0.001
     served: Counter[str] = Counter()
     for _ in range(320):  # half the backlog
-        limiter.release()
+        limiter.release(now_s=now[0])
         granted = [w for w in tenant_of if w.granted]
         for waiter in granted:
             served[tenant_of.pop(waiter)] += 1
@@ -199,12 +203,12 @@ def test_backlogged_tenants_get_equal_shares() -> None:
 
 def test_a_waiter_past_its_latest_start_is_refused_and_the_slot_goes_on() -> None:
     now = [0.0]
-    limiter = Limiter(1, max_queue=5, clock=lambda: now[0])
-    assert limiter.try_acquire()
-    late = limiter.join(Waiter(latest_start_s=1.0))
-    next_one = limiter.join(Waiter(latest_start_s=10.0))
+    limiter = Limiter(1, max_queue=5)
+    assert limiter.try_acquire(now_s=now[0])
+    late = limiter.join(Waiter(latest_start_s=1.0), now_s=now[0])
+    next_one = limiter.join(Waiter(latest_start_s=10.0), now_s=now[0])
     now[0] = 2.0
-    limiter.release()
+    limiter.release(now_s=now[0])
     assert late.refused == "deadline" and not late.granted
     assert next_one.granted and limiter.in_flight == 1
 
@@ -219,7 +223,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
         self.now = [0.0]
         self.detector = OverloadDetector(0.01)
         line = FairLine(aging_s=0.5, detector=self.detector)
-        self.limiter = Limiter(2, max_queue=6, clock=lambda: self.now[0], line=line)
+        self.limiter = Limiter(2, max_queue=6, line=line)
         self.holders = 0
         self.waiting: list[Waiter] = []
         self.ever_granted: set[Waiter] = set()  # the waiters themselves: an id() could be reused
@@ -243,7 +247,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
 
     @rule(priority=st.integers(-1, 2), tenant=st.sampled_from([None, "a", "b", "c"]), budget=st.floats(0.0, 1.0))
     def arrive(self, priority: int, tenant: str | None, budget: float) -> None:
-        if self.limiter.try_acquire():
+        if self.limiter.try_acquire(now_s=self.now[0]):
             self.holders += 1
             return
         waiter = Waiter(priority, tenant, self.now[0] + budget)
@@ -254,7 +258,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
                 return
             self.limiter.evict(victim, "evicted")
         try:
-            self.limiter.join(waiter)
+            self.limiter.join(waiter, now_s=self.now[0])
         except QueueFull:
             raise AssertionError("an eviction must make room") from None
         self.waiting.append(waiter)
@@ -264,30 +268,30 @@ class FairLimiterMachine(RuleBasedStateMachine):
     @rule()
     def release(self) -> None:
         self.holders -= 1
-        self.limiter.release()
+        self.limiter.release(now_s=self.now[0])
         self._collect()
 
     @precondition(lambda self: self.waiting)
     @rule(index=st.integers(0, 100))
     def leave(self, index: int) -> None:
         waiter = self.waiting.pop(index % len(self.waiting))
-        self.limiter.leave(waiter)
-        self.limiter.leave(waiter)  # twice: still nothing lost or given twice
+        self.limiter.leave(waiter, now_s=self.now[0])
+        self.limiter.leave(waiter, now_s=self.now[0])  # twice: still nothing lost or given twice
         self._collect()
 
     @precondition(lambda self: self.holders and self.waiting)
     @rule()
     def release_then_the_granted_one_leaves(self) -> None:
         self.holders -= 1
-        self.limiter.release()
+        self.limiter.release(now_s=self.now[0])
         for waiter in [w for w in self.waiting if w.granted]:
             self.waiting.remove(waiter)
-            self.limiter.leave(waiter)  # cancelled after the grant, before it woke: the slot goes on
+            self.limiter.leave(waiter, now_s=self.now[0])  # cancelled after the grant, before it woke: the slot goes on
         self._collect()
 
     @rule(limit=st.integers(1, 4))
     def set_limit(self, limit: int) -> None:
-        self.limiter.limit = limit
+        self.limiter.set_limit(limit, self.now[0])
         self._collect()
 
     @invariant()

@@ -117,7 +117,6 @@ def core_with(controller: object, now: list[float]) -> GateCore:
         initial_limit=64,
         max_queue=8,
         max_retry_after_s=60,
-        clock=lambda: now[0],
     )
 
 
@@ -140,24 +139,24 @@ def test_the_core_weighs_routes_by_what_their_requests_hold_and_gives_back_what_
         for route in sizes:  # some start
             for _ in range(rng.randint(0, 2)):
                 units = core.weigh(route, 1)
-                assert core.arrive(30.0, units=units, route=route) is ADMITTED
+                assert core.arrive(30.0, units=units, route=route, now_s=now[0]) is ADMITTED
                 running.append((route, core.admitted(now[0], 0.0, units, route)))
         used = 2 * GiB + sum(sizes[route] for route, _ in running)
         core.sample(MemorySample(used, 64 * GiB), now[0])
     assert core.weigh("/heavy", 1) / core.weigh("/light", 1) == pytest.approx(4, rel=0.05)
     assert core.weigh("/heavy", 0.5) == pytest.approx(core.weigh("/heavy", 1) / 2, abs=1 / 64)  # times its cost
-    assert set(core.statistics().route_weights) == {"/light", "/heavy"}
+    assert set(core.statistics(now[0]).route_weights) == {"/light", "/heavy"}
     assert units_changed, "a change of what one slot means restarts the knee's table"
     for _, ticket in running:
         core.release(ticket, now[0], Outcome.COMPLETED)
-    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
+    assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
 def test_a_fixed_limit_counts_requests_whatever_they_hold() -> None:
     now = [0.0]
     core = core_with(Fixed(4), now)
     assert core.route_weights is None and core.weigh("/heavy", 1) == 1 and core.weigh("/heavy", 2.5) == 2.5
-    assert core.statistics().route_weights == {}
+    assert core.statistics(now[0]).route_weights == {}
 
 
 def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() -> None:
@@ -179,7 +178,7 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
         for route in sizes:
             if rng.random() < 0.3:
                 units = core.weigh(route, 1)
-                assert core.arrive(30.0, units=units, route=route) is ADMITTED
+                assert core.arrive(30.0, units=units, route=route, now_s=now[0]) is ADMITTED
                 running.append((now[0] + rng.uniform(1.5, 4.5), core.admitted(now[0], 0.0, units, route)))
         used = 2 * GiB + sum(sizes[t.route] for _, t in running)  # type: ignore[index]
         before = dict(core.route_weights.by_route)  # type: ignore[union-attr]
@@ -190,7 +189,7 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
     assert all(ratio == pytest.approx(4, rel=0.1) for ratio in ratios), ratios
     for _, ticket in running:
         core.release(ticket, now[0], Outcome.COMPLETED)
-    assert core.limiter.in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
+    assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
 def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:

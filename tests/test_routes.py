@@ -83,9 +83,9 @@ def build_app() -> FastAPI:
 async def admitted_after(app: FastAPI, method: str, path: str) -> tuple[int, int]:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
         await client.get("/gate/status")  # builds the middleware stack
-        before = find_gate(app).core.counters.admitted
+        before = find_gate(app).statistics().counters["admitted"]
         response = await client.request(method, path)
-        return response.status_code, find_gate(app).core.counters.admitted - before
+        return response.status_code, find_gate(app).statistics().counters["admitted"] - before
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ async def test_table_is_per_route_not_per_url() -> None:
         for i in range(300):
             await client.post(f"/v1/predict/m{i}")
         assert gate._routes._nodes is nodes  # not rebuilt, and it holds routes, not URLs
-        assert gate.core.counters.admitted == 301
+        assert gate.statistics().counters["admitted"] == 301
 
 
 async def test_answers_per_path_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +153,7 @@ async def test_answers_per_path_are_remembered_within_a_bound(monkeypatch: pytes
         table = find_gate(app)._routes
         assert table._answers is not None and 0 < len(table._answers) <= 16  # distinct URLs: bounded
         assert table._answers.get(("GET", "/plain"), "absent") is None  # remembered: not gated
-        assert find_gate(app).core.counters.admitted == 100  # every predict, none of the plain ones
+        assert find_gate(app).statistics().counters["admitted"] == 100  # every predict, none of the plain ones
 
 
 async def test_a_host_route_turns_the_remembered_answers_off() -> None:
@@ -168,7 +168,7 @@ async def test_a_host_route_turns_the_remembered_answers_off() -> None:
     gate = find_gate(app)
     assert (on_gpu_host.text, elsewhere.text, again_on_gpu_host.text) == ("gpu", "cpu", "gpu")
     assert gate._routes._answers is None  # the host decides, not the path alone
-    assert gate.core.counters.admitted == 2
+    assert gate.statistics().counters["admitted"] == 2
 
 
 async def test_routes_added_later_are_seen() -> None:
@@ -182,7 +182,7 @@ async def test_routes_added_later_are_seen() -> None:
             return {}
 
         assert (await client.post("/late")).status_code == 200
-        assert find_gate(app).core.counters.admitted == 1
+        assert find_gate(app).statistics().counters["admitted"] == 1
 
 
 async def test_custom_tag() -> None:
@@ -243,7 +243,7 @@ async def test_websockets_pass_through() -> None:
              "subprotocols": [], "asgi": {"version": "3.0"}}  # fmt: skip
     await app(scope, receive, send)
     assert [m["type"] for m in messages] == ["websocket.accept", "websocket.send", "websocket.close"]
-    assert find_gate(app).core.counters.admitted == 0
+    assert find_gate(app).statistics().counters["admitted"] == 0
 
 
 async def test_a_route_added_to_an_included_router_later_is_seen_within_a_tick() -> None:
@@ -271,7 +271,7 @@ async def test_a_route_added_to_an_included_router_later_is_seen_within_a_tick()
         gate = find_gate(app)
         await anyio.sleep(0.3)  # a few monitor ticks
         assert (await client.post("/r/late")).status_code == 200
-    assert gate.core.counters.admitted == 1
+    assert gate.statistics().counters["admitted"] == 1
 
 
 async def test_a_route_with_its_own_matches_is_asked() -> None:
@@ -294,4 +294,4 @@ async def test_a_route_with_its_own_matches_is_asked() -> None:
         v2 = await client.post("/infer", headers={"x-api-version": "2"})
         v1_again = await client.post("/infer")
     assert (v1.json(), v2.json(), v1_again.json()) == ({"v": 1}, {"v": 2}, {"v": 1})
-    assert find_gate(app).core.counters.admitted == 1  # the v2 request only
+    assert find_gate(app).statistics().counters["admitted"] == 1  # the v2 request only

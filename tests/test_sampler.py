@@ -35,14 +35,21 @@ class Probe:
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
         self.calls = 0
+        self.called_s: list[float] = []  # when each call began (monotonic)
+        self.hanging = 0  # calls inside a hang now
         self.release = threading.Event()
 
     def sample(self) -> MemorySample:
         self.calls += 1
+        self.called_s.append(time.monotonic())
         if self.behaviour == "raise":
             raise OSError("driver gone")
         if self.behaviour == "hang":
-            self.release.wait(5)
+            self.hanging += 1
+            try:
+                self.release.wait(30)  # released by the test; the timeout is a guard
+            finally:
+                self.hanging -= 1
         if self.behaviour == "slow":
             time.sleep(0.03)  # slower than the period, within the timeout
         if self.behaviour == "wrong":
@@ -60,13 +67,14 @@ async def test_faulty_probe_is_reported_and_requests_still_flow(behaviour: str, 
     threads_before = threading.active_count()
     async with LifespanManager(app) as manager:
         gate = find_gate(app)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
-            await wait_until(lambda: gate.core.probe.errors >= 2)
-            with anyio.fail_after(2):
-                assert (await client.post("/infer")).status_code == 200
+        transport = httpx.ASGITransport(manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as client:
+            await wait_until(lambda: gate.statistics().probe.errors >= 2)
+            assert (await client.post("/infer")).status_code == 200
             status = (await client.get("/gate/status")).json()
         assert status["probe"]["healthy"] is False and error in status["probe"]["last_error"]
         if behaviour == "hang":
+            assert probe.hanging == 1  # the request was answered while the probe's call still hung
             # One stuck call at a time, on the sampler's own thread: the shared pool is not drained.
             assert probe.calls <= 3
             assert threading.active_count() <= threads_before + 2
@@ -75,11 +83,16 @@ async def test_faulty_probe_is_reported_and_requests_still_flow(behaviour: str, 
 
 
 async def test_failures_back_off() -> None:
+    """At a 10 ms period, each failed reading doubles the wait before the next: after the start-up
+    reading (the loop's first follows it at once) the calls are at least 20, 40, 80, 160 ms apart,
+    where without backoff they would be 10 ms apart. A wait never ends early, so a slow machine can
+    only lengthen the gaps, never fail this."""
     probe = Probe("raise")
     async with LifespanManager(app_with(probe)):
-        await anyio.sleep(0.5)
-    # At a 10 ms period, 50 calls would be made without backoff; doubling waits make far fewer.
-    assert 2 <= probe.calls <= 12
+        await wait_until(lambda: len(probe.called_s) >= 6)
+    gaps_s = [later - earlier for earlier, later in zip(probe.called_s, probe.called_s[1:], strict=False)]
+    for doublings, gap_s in enumerate(gaps_s[1:5], start=1):
+        assert gap_s >= 0.9 * 0.01 * 2**doublings, gaps_s  # 0.9: a timer may fire a clock tick early
 
 
 async def test_slow_probe_still_samples() -> None:
@@ -88,7 +101,7 @@ async def test_slow_probe_still_samples() -> None:
     async with LifespanManager(app):
         gate = find_gate(app)
         await wait_until(lambda: gate.core.controller.memory.samples >= 3)  # type: ignore[attr-defined]
-        assert gate.core.probe.last_error is None
+        assert gate.statistics().probe.last_error is None
 
 
 async def test_recovers_when_the_probe_does() -> None:
@@ -96,10 +109,10 @@ async def test_recovers_when_the_probe_does() -> None:
     app = app_with(probe)
     async with LifespanManager(app):
         gate = find_gate(app)
-        await wait_until(lambda: gate.core.probe.errors >= 1)
+        await wait_until(lambda: gate.statistics().probe.errors >= 1)
         probe.behaviour = "ok"
-        await wait_until(lambda: gate.core.probe.last_error is None, timeout_s=8)
-        assert gate.core.probe.last_sample == MemorySample(1 * GiB, 8 * GiB)
+        await wait_until(lambda: gate.statistics().probe.last_error is None)
+        assert gate.statistics().probe.last_sample == MemorySample(1 * GiB, 8 * GiB)
 
 
 async def test_sampling_starts_at_the_first_request_without_lifespan() -> None:
@@ -123,7 +136,7 @@ async def test_without_lifespan_the_first_reading_comes_before_the_first_admissi
 
     @app.post("/infer", tags=["gpu"])
     async def infer() -> dict[str, bool]:
-        seen_at_admission.append(find_gate(app).core.probe.last_sample)
+        seen_at_admission.append(find_gate(app).statistics().probe.last_sample)
         return {"ok": True}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
@@ -186,9 +199,9 @@ async def test_the_first_reading_is_taken_after_the_apps_start_up_and_before_tra
     async with LifespanManager(app):
         gate = find_gate(app)
         # Start-up is complete, nothing has been asked yet: the reading with the weights is in.
-        assert gate.core.probe.last_sample is not None
-        assert gate.core.probe.last_sample.used_bytes == 8 * GiB
-        model = gate.core.controller.describe()["memory_model"]
+        assert gate.statistics().probe.last_sample is not None
+        assert gate.statistics().probe.last_sample.used_bytes == 8 * GiB
+        model = gate.statistics().controller.details["memory_model"]
         assert model is None or model["baseline_bytes"] == 8 * GiB
 
 
@@ -198,7 +211,7 @@ async def test_a_hanging_probe_delays_start_up_only_by_its_timeout() -> None:
     try:
         with anyio.fail_after(30):  # start-up completes (it waits at most probe_timeout + 2 s)
             async with LifespanManager(app, startup_timeout=30):
-                assert find_gate(app).core.probe.last_sample is None
+                assert find_gate(app).statistics().probe.last_sample is None
     finally:
         probe.release.set()
 
@@ -212,7 +225,7 @@ async def test_a_running_block_inside_running_loops_shares_them_and_aclose_ends_
         async with gate.running():
             assert gate.statistics().probe.running
         assert gate.statistics().probe.running  # the block shared the loops; it did not end them
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):  # a guard against a hang
             await gate.aclose()
     assert not gate.statistics().probe.running
 

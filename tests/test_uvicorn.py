@@ -19,7 +19,8 @@ from .helpers import find_gate
 from .servers import serve, wait_for
 
 
-def slow_app(work_s: float, **options: Any) -> tuple[FastAPI, dict[str, int]]:
+def slow_app(work_s: float | threading.Event, **options: Any) -> tuple[FastAPI, dict[str, int]]:
+    """A sync gated route that works `work_s` seconds, or until that event is set."""
     app = FastAPI()
     options.setdefault("probe", None)
     app.add_middleware(AdaptiveGate, **options)
@@ -32,7 +33,10 @@ def slow_app(work_s: float, **options: Any) -> tuple[FastAPI, dict[str, int]]:
             seen["running"] += 1
             seen["peak"] = max(seen["peak"], seen["running"])
         try:
-            time.sleep(work_s)
+            if isinstance(work_s, threading.Event):
+                work_s.wait(30)  # set by the test; the timeout is a guard against a hang
+            else:
+                time.sleep(work_s)
             if fail:
                 raise ValueError("model bug")
             return {"ok": 1}
@@ -65,23 +69,28 @@ def test_concurrent_clients_through_uvicorn() -> None:
 
 
 def test_real_disconnect_while_queued() -> None:
-    app, seen = slow_app(2.0, controller=Fixed(1))
+    release = threading.Event()
+    app, seen = slow_app(release, controller=Fixed(1))
     with serve(app) as url:
         port = int(url.rsplit(":", 1)[1])
         with httpx.Client(base_url=url, timeout=30) as client:
             holder = threading.Thread(target=lambda: client.post("/infer"))
             holder.start()
-            wait_for(lambda: seen["running"] == 1)
-            gate = find_gate(app)
-            leaver = socket.create_connection(("127.0.0.1", port))
-            leaver.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
-            wait_for(lambda: gate.core.limiter.queued == 1)
-            leaver.close()  # the client gives up while waiting
-            wait_for(lambda: gate.core.limiter.queued == 0, timeout_s=1.0)  # at once, not when the slot frees (2 s)
-            assert gate.core.counters.left_queue == 1
-            holder.join()
-        wait_for(lambda: gate.core.limiter.in_flight == 0)
-    assert gate.core.counters.admitted == 1
+            try:
+                wait_for(lambda: seen["running"] == 1)
+                gate = find_gate(app)
+                leaver = socket.create_connection(("127.0.0.1", port))
+                leaver.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+                wait_for(lambda: gate.statistics().queued == 1)
+                leaver.close()  # the client gives up while waiting
+                wait_for(lambda: gate.statistics().queued == 0)
+                assert seen["running"] == 1  # at once, not when the slot frees: it is still held
+                assert gate.statistics().counters["left_queue"] == 1
+            finally:
+                release.set()
+                holder.join()
+        wait_for(lambda: gate.statistics().in_flight == 0)
+    assert gate.statistics().counters["admitted"] == 1
 
 
 @pytest.mark.slow
@@ -110,6 +119,6 @@ def test_chaos_through_uvicorn() -> None:
 
         outcomes = asyncio.run(chaos())
         gate = find_gate(app)
-        wait_for(lambda: gate.core.limiter.in_flight == 0 and gate.core.limiter.queued == 0)
+        wait_for(lambda: gate.statistics().in_flight == 0 and gate.statistics().queued == 0)
     assert {"200", "500", "client gave up"} <= set(outcomes)
     assert set(outcomes) <= {"200", "500", "503", "client gave up"}

@@ -87,7 +87,7 @@ async def test_two_gates_on_one_card_stay_within_it_together() -> None:
     assert 3 <= together <= 5  # five fit; each sees the other's requests as a neighbour, so a little less
     assert ooms_learning <= 6
     for gate in gates:
-        assert gate.core.limiter.in_flight == 0 and gate.status()["memory"] is not None
+        assert gate.statistics().in_flight == 0 and gate.status()["memory"] is not None
     settled_ooms = gpu.oom_count - ooms_learning
     if settled_ooms > 2:  # settled, OOMs should be rare, not a way of life
         # The limitation the README's deployment notes state: each gate reads the other's requests

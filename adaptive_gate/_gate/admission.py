@@ -95,7 +95,7 @@ def queue_up(
         if victim is None:
             return Reason.QUEUE_FULL
         limiter.evict(victim, Reason.EVICTED)
-    return limiter.join(Waiter(priority, tenant, now_s + budget_s, units))
+    return limiter.join(Waiter(priority, tenant, now_s + budget_s, units), now_s=now_s)
 
 
 def answer_the_buried(core: Queueing, now_s: float, priority: int) -> None:

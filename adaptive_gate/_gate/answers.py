@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 
 from .admission import DrainRate
 from .figures import Counters, RecentValues
@@ -33,7 +32,6 @@ class CoreAnswers:
     operator: OperatorBounds | None
     min_limit: int
     max_limit: int
-    _clock: Callable[[], float]
     _random: random.Random
 
     def bounds(self) -> tuple[int, int]:
@@ -49,12 +47,12 @@ class CoreAnswers:
             return None
         return (ahead + 1) * mean_service_s / self.limiter.limit
 
-    def retry_after_s(self, priority: int = 0) -> int:
+    def retry_after_s(self, now_s: float, priority: int = 0) -> int:
         """When to come back: the line ahead of `priority` over the measured drain rate (requests
         ended per second), or the service times while no drain has been measured yet."""
         limiter = self.limiter
         ended = self.counters.completed + self.counters.failed + self.counters.admitted_ooms
-        rate_per_s = self.drain.rate_per_s(ended, self._clock())
+        rate_per_s = self.drain.rate_per_s(ended, now_s)
         ahead = limiter.line.ahead_of(priority)
         if rate_per_s is not None:
             estimate_s: float | None = (ahead + 1) / rate_per_s

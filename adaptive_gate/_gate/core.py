@@ -5,8 +5,8 @@ operator's bounds, the counters, the recent service times and queue waits, the l
 changes and the accounting of out-of-memory errors. It is told what happens (a request admitted,
 a request released with its outcome, an OOM, a memory reading, a probe error) and answers
 questions (may this one go in now, how long should a client wait before retrying, is the replica
-ready, what are the figures). It never awaits, sleeps or reads a clock for its decisions: every
-event carries `now_s`.
+ready, what are the figures). It never awaits, sleeps or reads a clock: every event and every
+question that depends on the time carries `now_s`, read by its driver.
 
 Two drivers run it: `AdaptiveGate` (the ASGI middleware, on the monotonic clock) and
 `adaptive_gate.simulation` (virtual time). So a controller tuned in the simulator is the one that
@@ -50,7 +50,6 @@ class GateCore(CoreSnapshot):
         initial_limit: int | None,
         max_queue: int,
         max_retry_after_s: int,
-        clock: Callable[[], float],
         unix_offset_s: float = 0.0,
         seed: int | None = None,
         classes: bool = False,
@@ -71,10 +70,10 @@ class GateCore(CoreSnapshot):
         self.controller = controller
         self.min_limit, self.max_limit = min_limit, max_limit
         self.max_retry_after_s = max_retry_after_s
-        # The limiter integrates in-flight over time (the busy area) on the same clock as the events.
+        # The limiter integrates in-flight over time (the busy area) at the times the events carry.
         self.detector = None if overload == "off" else OverloadDetector(queue_target_s)
         line = FairLine(priority_aging_s, self.detector) if classes else FifoLine(self.detector)
-        self.limiter = Limiter(controller.limit, max_queue=max_queue, clock=clock, line=line)
+        self.limiter = Limiter(controller.limit, max_queue=max_queue, line=line)
         self.overload = overload
         self.queue_target_s = queue_target_s
         self.classes = ClassCounts() if classes else None
@@ -84,7 +83,6 @@ class GateCore(CoreSnapshot):
         self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
         self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
         self.drain = DrainRate()
-        self._clock = clock
         self.operator: OperatorBounds | None = None
         self.counters = Counters()
         self.queue_wait_histogram = BucketCounts(QUEUE_WAIT_BUCKETS_S)
@@ -106,6 +104,7 @@ class GateCore(CoreSnapshot):
         self,
         timeout_s: float,
         *,
+        now_s: float,
         units: float = 1,
         route: object = None,
         priority: int = 0,
@@ -113,17 +112,16 @@ class GateCore(CoreSnapshot):
     ) -> Admitted | Reason | Waiter:
         """A request that weighs `units` slots may run: `ADMITTED` (its slots now), a `Waiter` (a
         place in the line, whose slots come with a release or a higher limit), or the reason to turn
-        it away: "queue_full", "deadline" when it is not expected to finish (wait and `route`'s
-        service time) within the `timeout_s` it has, or "overload" when the gate sheds in overload. A
-        waiter the line gives up on later is `refused` ("deadline": it could no longer finish in
-        time; "evicted")."""
+        it away (a `Reason`): `QUEUE_FULL`, `DEADLINE` when it is not expected to finish (wait and
+        `route`'s service time) within the `timeout_s` it has, or `OVERLOAD` when the gate sheds in
+        overload. A waiter the line gives up on later is `refused` (`DEADLINE`: it could no longer
+        finish in time; `EVICTED`). `now_s`: when it arrives, on the events' clock."""
         if self.classes is not None:
             self.classes.arrived(priority, tenant)
         mean_s = self._mean_by_route.get(route)
-        now_s = self._clock()
         if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
             return Reason.DEADLINE
-        if self.limiter.try_acquire(units):
+        if self.limiter.try_acquire(units, now_s=now_s):
             return ADMITTED
         return queue_up(self, now_s, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
@@ -153,13 +151,13 @@ class GateCore(CoreSnapshot):
         weight = 1.0 if weights is None else weights.by_route.get(route, 1.0)
         return units if weight == 1.0 else units_of_cost(min(MAX_COST, units * weight))
 
-    def leave(self, waiter: Waiter) -> None:
+    def leave(self, waiter: Waiter, now_s: float) -> None:
         """Give the place back, or the slot if it came meanwhile."""
-        self.limiter.leave(waiter)
+        self.limiter.leave(waiter, now_s=now_s)
 
-    def wait_budget_s(self, waiter: Waiter) -> float:
-        """How long `waiter` may still wait: past it, it could not finish before its deadline."""
-        return max(0.0, waiter.latest_start_s - self._clock())
+    def wait_budget_s(self, waiter: Waiter, now_s: float) -> float:
+        """How long `waiter` may still wait from `now_s`: past it, it could not finish before its deadline."""
+        return max(0.0, waiter.latest_start_s - now_s)
 
     def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
@@ -186,7 +184,7 @@ class GateCore(CoreSnapshot):
         ticket.released = True
         limiter = self.limiter
         in_flight = limiter.in_flight
-        busy_area = limiter.release(ticket.units, now_s)
+        busy_area = limiter.release(ticket.units, now_s=now_s)
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
         if outcome is not Outcome.COMPLETED:
@@ -236,7 +234,13 @@ class GateCore(CoreSnapshot):
         return too_large
 
     def rejected(
-        self, reason: Reason, *, timed_out: bool = False, priority: int | None = None, tenant: str | None = None
+        self,
+        reason: Reason,
+        *,
+        now_s: float,
+        timed_out: bool = False,
+        priority: int | None = None,
+        tenant: str | None = None,
     ) -> int:
         """A request turned away (503/429): counted; the `Retry-After` to give it, in whole seconds.
         `timed_out`: it waited in the queue until its deadline. `priority` (and `tenant`): the class
@@ -245,10 +249,10 @@ class GateCore(CoreSnapshot):
         self.counters.reject(reason)
         self.counters.timed_out += timed_out
         if priority is None:
-            return self.retry_after_s()
+            return self.retry_after_s(now_s)
         if self.classes is not None:
             self.classes.rejected(priority, tenant)
-        return self.retry_after_s(priority)
+        return self.retry_after_s(now_s, priority)
 
     def left(self, priority: int = 0, tenant: str | None = None) -> None:
         """The client left before its request was admitted."""
@@ -321,7 +325,7 @@ class GateCore(CoreSnapshot):
     def tick(self, now_s: float) -> None:
         """Time passed: the line may serve in another order now, and a controller that acts on time
         alone (`on_tick`, optional) may move the limit."""
-        self.limiter.reconsider()
+        self.limiter.reconsider(now_s)
         on_tick = getattr(self.controller, "on_tick", None)
         if on_tick is not None:
             on_tick(now_s=now_s)
@@ -343,7 +347,7 @@ class GateCore(CoreSnapshot):
         old_limit = self.limiter.limit
         if new_limit == old_limit:
             return
-        self.limiter.limit = new_limit
+        self.limiter.set_limit(new_limit, now_s)
         if new_limit > old_limit:
             self.counters.limit_increases += 1
         else:

@@ -18,8 +18,10 @@ Cancellation is where limiters leak: a waiter may be cancelled (a timeout, a cli
 after a slot was already handed to it but before it woke up. `leave()` covers that case by passing
 the slot on, so a slot is never lost and never counted twice.
 
-The bookkeeping (`try_acquire`, `join`, `leave`, `release`) is synchronous and does not touch the
-event loop, so it can be checked exhaustively; `acquire` is the thin async layer on top of it.
+The bookkeeping (`try_acquire`, `join`, `leave`, `release`, `set_limit`) is synchronous, touches
+no event loop and reads no clock: each call says when it happens (`now_s`), so it can be checked
+exhaustively and replayed on virtual time. `acquire` is the thin async layer on top of it, for use
+on its own; it reads the clock it was given.
 `anyio.CapacityLimiter` is not used on purpose: it has over-granted tokens while being resized.
 """
 
@@ -68,9 +70,10 @@ class Limiter:
         limit: int,
         *,
         max_queue: int,
-        clock: Callable[[], float] = time.monotonic,
         line: FifoLine | FairLine | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` is read by `acquire` alone: the bookkeeping is told the time."""
         self._limit = _check_limit(limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
@@ -80,7 +83,7 @@ class Limiter:
         self._in_flight: float = 0
         self._clock = clock
         self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
-        self._busy_since_s = clock()
+        self._busy_since_s = 0.0  # any start will do: nothing is in flight before the first event
         # Who is served next (`_queue.py`): first come first served unless told otherwise. Each line
         # appends, pops and removes from the middle (a waiter that gives up) in O(1).
         self._waiters: FifoLine | FairLine = FifoLine() if line is None else line
@@ -89,10 +92,10 @@ class Limiter:
     def limit(self) -> int:
         return self._limit
 
-    @limit.setter
-    def limit(self, value: int) -> None:
+    def set_limit(self, value: int, now_s: float) -> None:
+        """A new limit at `now_s`: a higher one lets the line in at once; a lower one pre-empts nobody."""
         self._limit = _check_limit(value)
-        self._hand_over()
+        self._hand_over(now_s)
 
     @property
     def in_flight(self) -> float:
@@ -106,16 +109,12 @@ class Limiter:
     def max_queue(self) -> int:
         return self._max_queue
 
-    def busy_area(self, now_s: float | None = None) -> float:
-        """Slot-seconds held so far (until `now_s`, by default the clock's now). Over an interval, its
-        growth divided by the interval's length is the mean concurrency during it: what a request
-        really ran alongside."""
-        if now_s is None:
-            now_s = self._clock()
+    def busy_area(self, now_s: float) -> float:
+        """Slot-seconds held until `now_s`. Over an interval, its growth divided by the interval's
+        length is the mean concurrency during it: what a request really ran alongside."""
         return self._busy_area + self._in_flight * (now_s - self._busy_since_s)
 
-    def _set_in_flight(self, value: float) -> None:
-        now_s = self._clock()
+    def _set_in_flight(self, value: float, now_s: float) -> None:
         self._busy_area += self._in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
         self._in_flight = value
@@ -125,13 +124,13 @@ class Limiter:
 
     # -- synchronous bookkeeping --------------------------------------------------------------
 
-    def try_acquire(self, units: float = 1) -> bool:
+    def try_acquire(self, units: float = 1, *, now_s: float) -> bool:
         """Take `units` slots if they are free (or nothing runs) and nobody is waiting for them."""
-        return self.take(units, self._clock()) is not None
+        return self.take(units, now_s) is not None
 
     def take(self, units: float, now_s: float) -> float | None:
-        """`try_acquire` at `now_s`, as read from the limiter's clock by the caller: the busy area
-        then (with these slots taken), or None when they are not free."""
+        """`try_acquire` at `now_s`: the busy area then (with these slots taken), or None when they
+        are not free."""
         in_flight = self._in_flight
         if self._waiters or (in_flight + units > self._limit and in_flight > 0):
             return None
@@ -145,26 +144,26 @@ class Limiter:
     def line(self) -> FifoLine | FairLine:
         return self._waiters
 
-    def join(self, waiter: Waiter | None = None) -> Waiter:
+    def join(self, waiter: Waiter | None = None, *, now_s: float) -> Waiter:
         """Join the line; the slot is handed over later by `release` or a higher limit, or the line
         refuses the waiter (`refused`) if it can no longer start by its `latest_start_s`."""
         if len(self._waiters) >= self._max_queue:
             raise QueueFull
         if waiter is None:
             waiter = Waiter()
-        self._waiters.push(waiter, self._clock())
-        self._hand_over()
+        self._waiters.push(waiter, now_s)
+        self._hand_over(now_s)
         return waiter
 
-    def leave(self, waiter: Waiter) -> None:
+    def leave(self, waiter: Waiter, *, now_s: float) -> None:
         """Give up a place in the line, or the slot if it was handed over meanwhile."""
         if waiter.granted:
             waiter.granted = False  # leaving twice gives the slot back once
-            self.release(waiter.units)
+            self.release(waiter.units, now_s=now_s)
         elif self._waiters.remove(waiter):
             if not self._waiters and self._waiters.detector is not None:
                 self._waiters.detector.drained()
-            self._hand_over()  # a heavy one that left may have held up lighter ones behind it
+            self._hand_over(now_s)  # a heavy one that left may have held up lighter ones behind it
 
     def evict(self, waiter: Waiter, reason: Reason) -> None:
         """Turn a waiter away from its place (to make room for a more important one)."""
@@ -173,33 +172,29 @@ class Limiter:
             if not self._waiters and self._waiters.detector is not None:
                 self._waiters.detector.drained()
 
-    def release(self, units: float = 1, now_s: float | None = None) -> float:
-        """Give `units` slots back at `now_s` (by default the clock's now, as the caller may have read
-        it already); the busy area until then, as `busy_area(now_s)` would give."""
+    def release(self, units: float = 1, *, now_s: float) -> float:
+        """Give `units` slots back at `now_s`; the busy area until then, as `busy_area(now_s)` would give."""
         in_flight = self._in_flight
         if in_flight < units:
             raise RuntimeError("release() called for more slots than were acquired")
         # _set_in_flight, written out: this is every request's path
-        if now_s is None:
-            now_s = self._clock()
         busy_area = self._busy_area = self._busy_area + in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
         self._in_flight = in_flight - units
         if self._waiters:
-            self._hand_over()
+            self._hand_over(now_s)
         return busy_area
 
-    def reconsider(self) -> None:
+    def reconsider(self, now_s: float) -> None:
         """Time passed with nobody arriving or leaving: the line's order may have changed (newest
         first within a tenant whose line has stood long enough, a waiter past its latest start), so
         hand over what the line now allows. The gate calls it on the monitor's tick."""
         if self._waiters:
-            self._hand_over()
+            self._hand_over(now_s)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, now_s: float) -> None:
         waiters = self._waiters
         while waiters and self._in_flight < self._limit:
-            now_s = self._clock()
             waiter = waiters.peek_next(now_s)
             if now_s > waiter.latest_start_s:
                 # It could no longer finish before its deadline: the slot goes to the next one, not
@@ -210,7 +205,7 @@ class Limiter:
             if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
                 return  # its units do not fit yet: it keeps its place, and nobody overtakes it
             waiters.pop_next(now_s)
-            self._set_in_flight(self._in_flight + waiter.units)
+            self._set_in_flight(self._in_flight + waiter.units, now_s)
             waiter._wake()
 
     # -- async layer ----------------------------------------------------------------------------
@@ -222,11 +217,12 @@ class Limiter:
         Raises `QueueFull` at once when the line is full, `QueueTimeout` when the deadline passes.
         Cancelled at any point, it leaves no trace: neither a place in the line nor a slot.
         """
-        if self.try_acquire(units):
+        clock = self._clock
+        if self.try_acquire(units, now_s=clock()):
             return
         if timeout_s is not None and timeout_s <= 0:
             raise QueueTimeout
-        waiter = self.join(Waiter(units=units))
+        waiter = self.join(Waiter(units=units), now_s=clock())
         if waiter.granted:
             return
         waiter._event = anyio.Event()
@@ -234,8 +230,8 @@ class Limiter:
             with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
                 await waiter._event.wait()
         except BaseException:
-            self.leave(waiter)
+            self.leave(waiter, now_s=clock())
             raise
         if not waiter.granted:
-            self.leave(waiter)
+            self.leave(waiter, now_s=clock())
             raise QueueTimeout

@@ -33,8 +33,8 @@ class CoreSnapshot(CoreAnswers):
     detector: OverloadDetector | None
     overload: str
 
-    def statistics(self) -> GateStatistics:
-        """A snapshot of the figures at this moment; reading it changes nothing."""
+    def statistics(self, now_s: float) -> GateStatistics:
+        """A snapshot of the figures at `now_s`; reading it changes nothing."""
         self.queue_wait_s.flush()  # the zeros counted lazily, into the histogram too
         limiter = self.limiter.statistics()
         min_limit, max_limit = self.bounds()
@@ -75,17 +75,17 @@ class CoreSnapshot(CoreAnswers):
             oom_unix_s=tuple(round(t + self.unix_offset_s, 3) for t in self.oom_s),
             priorities={} if self.classes is None else self.classes.shown_priorities(),
             tenants={} if self.classes is None else self.classes.shown_tenants(),
-            overload=self._overload_figures(),
+            overload=self._overload_figures(now_s),
             route_weights={} if self.route_weights is None else self.route_weights.weights(),
         )
 
-    def _overload_figures(self) -> dict[str, Any]:
+    def _overload_figures(self, now_s: float) -> dict[str, Any]:
         """What the gate does in overload, whether the queue is in overload now (`standing`), how often
         it has been, and the rates it is judged by: arrivals to the line against waiters taken in."""
         detector = self.detector
         if detector is None:
             return {"mode": self.overload, "standing": False}
-        arriving_per_s, taken_per_s = detector.rates_per_s(self._clock())
+        arriving_per_s, taken_per_s = detector.rates_per_s(now_s)
         return {
             "mode": self.overload,
             "standing": detector.overloaded,

@@ -8,6 +8,7 @@ refusals.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
@@ -26,8 +27,9 @@ MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets thi
 
 
 class Answers:
-    def __init__(self, core: GateCore, options: GateOptions) -> None:
+    def __init__(self, core: GateCore, options: GateOptions, clock: Callable[[], float]) -> None:
         self.core = core
+        self._clock = clock
         self.options = options
         self._oom_logged_epoch = -1
 
@@ -43,7 +45,9 @@ class Answers:
         # Without a class: no classes configured, or an answer outside admission (a full body
         # buffer, an OOM): not counted per class.
         priority, tenant = (None, None) if request_class is None else request_class
-        retry_after_s = self.core.rejected(reason, timed_out=timed_out, priority=priority, tenant=tenant)
+        retry_after_s = self.core.rejected(
+            reason, now_s=self._clock(), timed_out=timed_out, priority=priority, tenant=tenant
+        )
         body = {"detail": detail, "reason": reason, "retry_after_s": retry_after_s}
         headers = [(b"retry-after", str(retry_after_s).encode())]
         await send_json(send, self.options.reject_status, body, headers=headers)

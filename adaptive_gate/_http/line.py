@@ -7,6 +7,8 @@ point, the wait leaves nothing behind: neither a place in the line nor a slot gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 
 from .._gate.core import GateCore
@@ -17,7 +19,9 @@ from .body import Body, ReadOutcome
 __all__ = ["wait_in_line"]
 
 
-async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: float) -> Waited | Reason:
+async def wait_in_line(
+    core: GateCore, waiter: Waiter, body: Body, timeout_s: float, clock: Callable[[], float]
+) -> Waited | Reason:
     """Wait up to `timeout_s` (its latest start) for `waiter`'s slot: what it came to, or the reason
     the line gave up on it (`DEADLINE`: it could no longer be served in time; `EVICTED`)."""
     if waiter.granted:
@@ -32,11 +36,11 @@ async def wait_in_line(core: GateCore, waiter: Waiter, body: Body, timeout_s: fl
                 await waiter._event.wait()
             task_group.cancel_scope.cancel()
     except BaseException:
-        core.leave(waiter)  # the place, or a slot granted meanwhile, goes back
+        core.leave(waiter, clock())  # the place, or a slot granted meanwhile, goes back
         raise
     if waiter.granted and body.outcome is not ReadOutcome.DISCONNECTED:
         return Waited.GRANTED
-    core.leave(waiter)  # gives back the slot if it came in the same instant
+    core.leave(waiter, clock())  # gives back the slot if it came in the same instant
     if body.outcome is ReadOutcome.DISCONNECTED:
         return Waited.LEFT
     return waiter.refused or Waited.TIMEOUT

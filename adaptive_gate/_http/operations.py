@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -59,7 +58,10 @@ class Operations:
 
     # -- what the loops report -----------------------------------------------------------------
 
-    def _on_tick(self, now_s: float, lag_s: float) -> None:
+    def _on_tick(self, _monitor_s: float, lag_s: float) -> None:
+        # The monitor measures the loop's lag on the real clock; the events are stamped with the
+        # gate's own clock, as every other event is (a test's fake clock stays the one clock).
+        now_s = self.clock()
         self._abandon_stuck_sends(now_s)
         self.core.tick(now_s)
         for hook in self.tick_hooks:
@@ -69,6 +71,7 @@ class Operations:
         self.watch.tick(
             now_s,
             lag_s,
+            unix_s=now_s + core.unix_offset_s,
             limiter=core.limiter.statistics(),
             sample=core.probe.last_sample,
             min_limit=min_limit,
@@ -120,7 +123,7 @@ class Operations:
     def statistics(self) -> GateStatistics:
         """A snapshot of everything the gate knows; reading it changes nothing."""
         workers, source = self._workers.get()
-        stats = self.core.statistics()
+        stats = self.core.statistics(self.clock())
         return replace(
             stats,
             probe=replace(stats.probe, running=self.background.sampler_running),
@@ -143,7 +146,7 @@ class Operations:
     def dashboard_data(self) -> dict[str, Any]:
         stats = self.statistics()
         return {
-            "now_unix_s": round(time.time(), 3),
+            "now_unix_s": round(self.clock() + self.core.unix_offset_s, 3),
             "status": self.status(stats),
             "history": self.watch.history.columns(),
             "oom_unix_s": list(stats.oom_unix_s),

@@ -9,7 +9,6 @@ When the loop wakes late, the async routes that ran meanwhile are the suspects.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 
 from .._gate.core import Ticket
@@ -78,16 +77,17 @@ class Watch:
         self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (async route, released at)
         self._last_second_s = -math.inf
 
-    def ended(self, ticket: Ticket) -> None:
+    def ended(self, ticket: Ticket, now_s: float) -> None:
         route = self.running.pop(ticket)
         if route.is_async:  # only async routes can stall the loop
-            self._finished.append((route, time.monotonic()))
+            self._finished.append((route, now_s))
 
     def tick(
         self,
         now_s: float,
         lag_s: float,
         *,
+        unix_s: float,
         limiter: LimiterStatistics,
         sample: MemorySample | None,
         min_limit: int,
@@ -98,7 +98,7 @@ class Watch:
         if lag_s >= self.diagnostics.loop_stall_s:
             self.diagnostics.on_loop_stall(now_s, lag_s, self._routes_since(now_s - lag_s - self.period_s))
         self.history.record(
-            time.time(),
+            unix_s,
             limit=limiter.limit,
             in_flight=limiter.in_flight,
             queued=limiter.queued,
