@@ -57,7 +57,7 @@ def option(
 
 @dataclass(frozen=True)
 class GateOptions:
-    """What `AdaptiveGate` was configured with (see the README's option table for each meaning).
+    """What `AdaptiveGate` was configured with (the reference page renders each option from here).
 
     Each field's metadata says what it accepts and means (`option_table()` renders them). `tag`
     holds the set of tags (or None: every request); `probe` the probe object, `"auto"` or None;

@@ -27,7 +27,7 @@ from .scenarios import CHANGING, FULL_PLAN, FULL_STATIC, LOADS, QUICK_PLAN, QUIC
 RESULTS = Path(__file__).parent / "results"
 # adaptive / reader, at least: the reader reads the card at the gate's sample period knowing each
 # request's bytes, the ceiling for any gate that reads it. Sizes the gate cannot tell apart (mixed,
-# told nothing) are the limitation the README states.
+# told nothing) are the limitation docs/benchmarks.md states.
 READER_SHARE = {"mixed": 0.7}
 DEFAULT_READER_SHARE = 0.95
 # Where an OOM takes the worker down (`crash_s`), runs last at least this long: one unavoidable OOM

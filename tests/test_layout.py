@@ -147,3 +147,23 @@ def test_the_private_parts_live_in_folders() -> None:
     top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
     public = {path.rpartition(".")[2] for path in PUBLIC_PATHS if path != "adaptive_gate"}
     assert top - public == {"_checks", "_version"}
+
+
+def test_the_core_and_the_controllers_read_no_clock() -> None:
+    """Time is passed in: the core and the controllers import no clock, so the simulator's virtual
+    time and the middleware's clock drive the same code. The limiter's `acquire` (for use on its
+    own, outside the gate) is the one reader, and it reads the clock it is given."""
+    readers = set()
+    for folder in ("_gate", "_control"):
+        for path in (PACKAGE / folder).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [alias.name for alias in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(name.split(".")[0] in ("time", "datetime") for name in names):
+                    readers.add(f"{folder}/{path.name}")
+    assert readers == {"_gate/limiter.py"}

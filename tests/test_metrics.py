@@ -152,3 +152,21 @@ async def test_two_gates_in_one_process_keep_their_own_metrics() -> None:
     assert find_gate(first).metrics.registry is not find_gate(second).metrics.registry  # type: ignore[union-attr]
     # And the process-wide default registry is left to the application.
     assert prometheus_client.REGISTRY.get_sample_value("adaptive_gate_limit") is None
+
+
+async def test_a_batchers_controller_shows_as_the_bound_of_the_limit() -> None:
+    """With `controller=batched.gate_controller()` the batcher sets the limit; the bound series says so."""
+    from adaptive_gate import batch
+
+    @batch(probe=None)
+    def double(items: list[int]) -> list[int]:
+        return [2 * item for item in items]
+
+    gpu = SimulatedGPU(1024 * MiB)
+    app = busy_app(gpu, controller=double.gate_controller())
+    async with LifespanManager(app), client_for(app) as client:
+        status = (await client.get("/gate/status")).json()
+        samples = parse((await client.get("/gate/metrics")).text)
+    assert status["bound"] == "batcher"
+    assert samples[("adaptive_gate_limit_bound", (("bound", "batcher"),))] == 1
+    assert sum(value for (name, _), value in samples.items() if name == "adaptive_gate_limit_bound") == 1

@@ -18,7 +18,7 @@ from benchmarks.virtual import LOADS, PLAN, Row, compare, summary
 
 DURATION_S = 60.0
 # Sizes the gate cannot tell apart, and is told nothing about: a count of requests cannot follow a
-# byte budget there (see the README's limitations); it is held to what it reaches.
+# byte budget there (see the limitations in docs/benchmarks.md); it is held to what it reaches.
 MIX_WITHOUT_COST = {"mixed": 0.68}
 MIX_OOM_SHARE = 0.08  # of a mix's requests served, at most, where the gate has to learn it is one
 CASES = [(name, load) for name, loads in PLAN.items() for load in loads]

@@ -90,7 +90,7 @@ async def test_two_gates_on_one_card_stay_within_it_together() -> None:
         assert gate.statistics().in_flight == 0 and gate.status()["memory"] is not None
     settled_ooms = gpu.oom_count - ooms_learning
     if settled_ooms > 2:  # settled, OOMs should be rare, not a way of life
-        # The limitation the README's deployment notes state: each gate reads the other's requests
+        # The limitation docs/benchmarks.md states: each gate reads the other's requests
         # as a neighbour's bytes, whose lulls between readings look like room, so that now and then
         # both grow at once. Reported as an expected failure until one model tells them apart.
         pytest.xfail(f"{settled_ooms} OOMs in the 4 s after learning, where at most 2 were wanted")

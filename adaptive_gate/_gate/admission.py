@@ -20,7 +20,7 @@ does:
 A line of any length that drains within its deadlines is never in overload: first come, first
 served, under every mode.
 
-`benchmarks/overload.py` compares the three; the README has its table.
+`benchmarks/overload.py` compares the three; `docs/benchmarks.md` has its table.
 """
 
 from __future__ import annotations

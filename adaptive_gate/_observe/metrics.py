@@ -24,7 +24,7 @@ __all__ = ["CONTENT_TYPE", "MISSING", "GateMetrics", "available"]
 MISSING = "prometheus-client is not installed: pip install 'adaptive-gate[metrics]' to serve metrics here"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-BOUNDS = ("controller", "memory", "oom", "min_limit", "max_limit", "operator")
+BOUNDS = ("controller", "memory", "oom", "min_limit", "max_limit", "operator", "batcher")
 REJECT_REASONS = ("queue_full", "deadline", "oom", "too_large", "overload", "evicted")
 CLASS_OUTCOMES = ("admitted", "rejected", "left")
 
