@@ -10,7 +10,6 @@ in what each accepts (seconds for the timeouts and periods, bytes for the body b
 from __future__ import annotations
 
 import difflib
-import enum
 import inspect
 import time
 from collections.abc import Callable
@@ -19,7 +18,17 @@ from typing import Any, TypeVar
 
 from starlette.types import Scope
 
-from ._checks import check_int, check_seconds
+from ._checks import (
+    check_class_option,
+    check_health_paths,
+    check_int,
+    check_paths,
+    check_probe,
+    check_seconds,
+    check_tags,
+    check_token,
+    check_unprotected,
+)
 from ._control.control import Controller
 from ._gate.admission import OVERLOAD_MODES
 from ._observe.diagnostics import Diagnostics
@@ -30,7 +39,6 @@ __all__ = [
 
 HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
 MAX_QUEUE = 1 << 16  # a bigger queue only holds requests past any deadline a client keeps
-MIN_TOKEN_CHARS = 16
 PROTECTABLE = ("status", "metrics", "dashboard")
 PATH_OPTIONS = ("status_path", "metrics_path", "dashboard_path", "ready_path", "limits_path")
 
@@ -198,7 +206,7 @@ class GateOptions:
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
 
-        put("tag", _tags(self.tag))
+        put("tag", check_tags(self.tag))
         _collaborators(self.diagnostics, self.clock)
         check_int("min_limit", self.min_limit, 1)
         check_int("max_limit", self.max_limit, self.min_limit)
@@ -214,11 +222,11 @@ class GateOptions:
         check_int("max_buffered_bytes", self.max_buffered_bytes, self.max_body_bytes)
         if self.workers is not None:
             check_int("workers", self.workers, 1)
-        put("probe", _probe(self.probe))
-        _paths({name: getattr(self, name) for name in PATH_OPTIONS})
-        put("admin_token", _token(self.admin_token))
-        put("unprotected", _unprotected(self.unprotected))
-        put("health_paths", _health_paths(self.health_paths))
+        put("probe", check_probe(self.probe))
+        check_paths({name: getattr(self, name) for name in PATH_OPTIONS})
+        put("admin_token", check_token(self.admin_token))
+        put("unprotected", check_unprotected(self.unprotected, PROTECTABLE))
+        put("health_paths", check_health_paths(self.health_paths))
         if self.cost is not None and not callable(self.cost):
             raise TypeError(
                 "cost must be None (every request weighs 1) or a callable (scope) -> float that says what a "
@@ -310,83 +318,3 @@ def _collaborators(diagnostics: object, clock: object) -> None:
         )
     if not callable(clock):
         raise TypeError(f"clock must be a callable () -> float of monotonic seconds, got {clock!r}")
-
-
-def _tags(tag: object) -> frozenset[str] | None:
-    """One tag, or several (FastAPI's tags are lists, so a list is natural); None gates every request."""
-    if tag is None:
-        return None
-    if isinstance(tag, str | enum.Enum):
-        return frozenset({normalise_tag(tag)})
-    if isinstance(tag, list | tuple | set | frozenset) and tag and all(isinstance(t, str | enum.Enum) for t in tag):
-        return frozenset(normalise_tag(t) for t in tag)
-    raise TypeError(f'tag must be a str such as "gpu", a list of them, or None (gate every request); got {tag!r}')
-
-
-def _probe(probe: object) -> object:
-    if probe is None or probe == "auto":
-        return probe
-    if isinstance(probe, str):
-        raise ValueError(f"probe must be 'auto', None or an object with sample(), got {probe!r}")
-    if not callable(getattr(probe, "sample", None)):
-        raise TypeError(f"probe must have a sample() method returning a MemorySample, got {probe!r}")
-    return probe
-
-
-def _paths(paths: dict[str, object]) -> None:
-    seen: dict[object, str] = {}
-    for name, path in paths.items():
-        if path is None:
-            continue
-        if not isinstance(path, str) or not path.startswith("/") or path.endswith("/") and path != "/":
-            raise ValueError(f"{name} must be a path starting with '/' (no trailing '/'), or None; got {path!r}")
-        if path in seen:
-            raise ValueError(f"{name} and {seen[path]} are both {path!r}: give each endpoint its own path")
-        seen[path] = name
-
-
-def _token(admin_token: object) -> str | None:
-    if admin_token is None:
-        return None
-    if not isinstance(admin_token, str):
-        raise TypeError(f"admin_token must be a str or None, got {type(admin_token).__name__}")
-    if len(admin_token) < MIN_TOKEN_CHARS or admin_token.strip() != admin_token:
-        raise ValueError(
-            f"admin_token must be at least {MIN_TOKEN_CHARS} characters without surrounding spaces; make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))' and pass it from an environment variable"
-        )
-    return admin_token
-
-
-def _unprotected(unprotected: object) -> frozenset[str]:
-    if isinstance(unprotected, str) or not isinstance(unprotected, tuple | list | set | frozenset):
-        raise TypeError(f"unprotected must be a tuple of endpoint names such as ('metrics',), got {unprotected!r}")
-    unknown = set(unprotected) - set(PROTECTABLE)
-    if unknown:
-        raise ValueError(f"unprotected may name {', '.join(PROTECTABLE)}; got {sorted(unknown)}")
-    return frozenset(unprotected)
-
-
-def _health_paths(health_paths: object) -> frozenset[str]:
-    if isinstance(health_paths, str) or not isinstance(health_paths, tuple | list | set | frozenset):
-        raise TypeError(f"health_paths must be a tuple of paths such as ('/healthz',), got {health_paths!r}")
-    for path in health_paths:
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ValueError(f"health_paths must be paths starting with '/', such as '/healthz'; got {path!r}")
-    return frozenset(health_paths)
-
-
-def normalise_tag(tag: object) -> str:
-    return str(tag.value) if isinstance(tag, enum.Enum) else str(tag)
-
-
-def check_class_option(name: str, value: object) -> object:
-    """`None`, a header name (kept lower-case, as ASGI gives header names), or a callable."""
-    if value is None or callable(value):
-        return value
-    if isinstance(value, str) and value.strip() and value.isascii() and " " not in value:
-        return value.lower()
-    kind = "int" if name == "priority" else "str | None"
-    raise TypeError(
-        f'{name} must be None, a header name such as "x-{name}", or a callable (scope) -> {kind}; got {value!r}'
-    )

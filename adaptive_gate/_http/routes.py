@@ -23,8 +23,8 @@ from typing import Any
 from starlette.routing import Host, Match, Mount, Route, WebSocketRoute
 from starlette.types import Scope
 
+from .._checks import normalise_tag
 from .._observe.watch import GatedRoute
-from ..options import normalise_tag
 
 logger = logging.getLogger("adaptive_gate")
 
