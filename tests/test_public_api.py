@@ -1,4 +1,4 @@
-"""The package's face: the names DESIGN.md promises, sorted, and nothing heavy imported."""
+"""The package's face: the public names (docs/reference/api.md), sorted, and nothing heavy imported."""
 
 from __future__ import annotations
 
