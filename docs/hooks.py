@@ -172,7 +172,9 @@ def check_status(markdown: str) -> str:
 
 
 def check_rejections(markdown: str) -> str:
-    reasons = next(f["labels"]["reason"] for f in metric_families() if f["name"] == "adaptive_gate_rejections_total")
+    from adaptive_gate.core import Reason
+
+    reasons = [reason.value for reason in Reason]
     documented(markdown, reasons, "reference/rejections.md", "the rejection reasons")
     return markdown
 

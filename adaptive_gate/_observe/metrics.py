@@ -14,6 +14,7 @@ import importlib.util
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._gate.reasons import Reason
 from .._gate.statistics import GateStatistics, Histogram
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ MISSING = "prometheus-client is not installed: pip install 'adaptive-gate[metric
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 BOUNDS = ("controller", "memory", "oom", "min_limit", "max_limit", "operator", "batcher")
-REJECT_REASONS = ("queue_full", "deadline", "oom", "too_large", "overload", "evicted")
 CLASS_OUTCOMES = ("admitted", "rejected", "left")
 
 
@@ -119,12 +119,12 @@ def _request_families(stats: GateStatistics) -> Iterator[Metric]:
             "failed": counters["failed"],
             "oom": counters["admitted_ooms"],
             # OOM answers went to admitted requests, counted under "oom" already.
-            "rejected": counters["rejected"] - by_reason.get("oom", 0) - by_reason.get("too_large", 0),
+            "rejected": counters["rejected"] - by_reason.get(Reason.OOM, 0) - by_reason.get(Reason.TOO_LARGE, 0),
             "left_queue": counters["left_queue"],
             "bad_body": counters["body_timeouts"] + counters["bodies_too_large"],
         },
     )
-    reasons = {reason: 0 for reason in REJECT_REASONS} | by_reason
+    reasons = {reason.value: 0 for reason in Reason} | by_reason
     yield _labelled(CounterMetricFamily, "rejections", "503/429 answers by reason", "reason", reasons)
     yield _counter("ooms", "Out-of-memory events: raised by gated routes or seen by the probe", counters["ooms"])
     yield _labelled(
