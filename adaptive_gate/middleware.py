@@ -187,7 +187,7 @@ class AdaptiveGate:
                 raise  # mid-stream: the status line is gone, the server must close the connection
             await self._answers.answer_oom(send, alone=alone)
         finally:
-            watch.ended(ticket, clock())
+            watch.ended(ticket, clock)
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 from .._gate.core import Ticket
 from .._gate.limiter import LimiterStatistics
@@ -77,10 +78,11 @@ class Watch:
         self._finished: deque[tuple[GatedRoute, float]] = deque(maxlen=256)  # (async route, released at)
         self._last_second_s = -math.inf
 
-    def ended(self, ticket: Ticket, now_s: float) -> None:
+    def ended(self, ticket: Ticket, clock: Callable[[], float]) -> None:
+        """A request gave its slot back; `clock`, the gate's, is read only for an async route."""
         route = self.running.pop(ticket)
         if route.is_async:  # only async routes can stall the loop
-            self._finished.append((route, now_s))
+            self._finished.append((route, clock()))
 
     def tick(
         self,
