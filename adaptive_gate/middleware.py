@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from time import monotonic
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -159,7 +158,7 @@ class AdaptiveGate:
             if message_type == "http.response.start":
                 response_started = True
                 informative = message["status"] < 400
-            ticket.sending_since_s = monotonic()  # the monitor's watchdog abandons a send stuck too long
+            ticket.sending_since_s = clock()  # the monitor's watchdog abandons a send stuck too long
             try:
                 await send(message)
             finally:  # a send that raised is not one that waits

@@ -577,3 +577,50 @@ async def _drive_gate_with(outputs: list[Any]) -> None:
     assert 1 <= status["limit"] <= 64 and status["in_flight"] == 0
     memory = status["memory"]
     assert memory is None or 0 <= memory["used_bytes"] <= memory["total_bytes"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("offset_s", [-1e6, 1e6])
+async def test_the_send_watchdog_runs_on_the_gates_own_clock(offset_s: float) -> None:
+    """Found in review: the watchdog stamped a send with `time.monotonic()` and judged it on the gate's
+    `clock`. With a clock behind it a stuck client kept its slot for ever; ahead of it, a client
+    reading slowly but well was cut off at the first tick. Both readings come from one clock now."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(3):
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    gate = AdaptiveGate(app, tag=None, probe=None, controller=Fixed(1), send_timeout=0.5,
+                        clock=lambda: time.monotonic() + offset_s)  # fmt: skip
+    stuck, slow_but_reading = anyio.Event(), anyio.Event()
+    scope = {"type": "http", "method": "GET", "path": "/x", "headers": [], "query_string": b"", "root_path": "",
+             "http_version": "1.1"}  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        return {}
+
+    async def stuck_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            stuck.set()
+            await anyio.sleep_forever()  # a client that reads nothing
+
+    async def slow_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            await anyio.sleep(0.1)  # reads, slowly: well within the send timeout
+        if not message.get("more_body", True):
+            slow_but_reading.set()
+
+    async with gate.running():
+        with anyio.fail_after(30):  # a guard against a hang, not a measure
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(gate, scope, receive, stuck_send)
+                await stuck.wait()
+                await wait_until(lambda: gate.statistics().in_flight == 0)  # the watchdog gave the slot back
+                task_group.cancel_scope.cancel()  # the server would close the connection
+            await gate(scope, receive, slow_send)
+            assert slow_but_reading.is_set()
+    counters = gate.statistics().counters
+    assert counters["failed"] == 1 and counters["completed"] == 1

@@ -53,10 +53,8 @@ class CoreSnapshot(CoreAnswers):
             counters=asdict(self.counters),
             queue_wait_ms=self.queue_wait_s.percentiles_ms(),
             service_ms=self.service_s.percentiles_ms(),
-            queue_wait_histogram=Histogram(
-                tuple(self.queue_wait_histogram.cumulative()), self.queue_wait_histogram.sum_s
-            ),
-            service_histogram=Histogram(tuple(self.service_histogram.cumulative()), self.service_histogram.sum_s),
+            queue_wait_histogram=_histogram(self.queue_wait_histogram),
+            service_histogram=_histogram(self.service_histogram),
             controller=controller,
             probe=ProbeStatistics(
                 probe.description,
