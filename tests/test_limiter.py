@@ -342,3 +342,16 @@ def test_random_tasks_never_exceed_the_limit_nor_leak(ops: list[tuple[str, int]]
         assert limiter.in_flight == 0 and limiter.queued == 0
 
     anyio.run(main)
+
+
+@pytest.mark.anyio
+async def test_the_limiter_on_its_own_needs_no_times() -> None:
+    """Used as a semaphore outside the gate: acquire, release and a new limit read its own clock."""
+    limiter = Limiter(1, max_queue=4)
+    await limiter.acquire()
+    limiter.limit = 2
+    await limiter.acquire()
+    assert limiter.in_flight == 2
+    limiter.release()
+    limiter.release()
+    assert limiter.in_flight == 0 and limiter.limit == 2

@@ -21,7 +21,8 @@ the slot on, so a slot is never lost and never counted twice.
 The bookkeeping (`try_acquire`, `join`, `leave`, `release`, `set_limit`) is synchronous, touches
 no event loop and reads no clock: each call says when it happens (`now_s`), so it can be checked
 exhaustively and replayed on virtual time. `acquire` is the thin async layer on top of it, for use
-on its own; it reads the clock it was given.
+on its own: it reads the clock it was given, as `release()` and the `limit` setter do where no time
+is passed (the gate's core always passes one).
 `anyio.CapacityLimiter` is not used on purpose: it has over-granted tokens while being resized.
 """
 
@@ -91,6 +92,11 @@ class Limiter:
     @property
     def limit(self) -> int:
         return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        """For the limiter on its own: `set_limit` at its clock's now."""
+        self.set_limit(value, self._clock())
 
     def set_limit(self, value: int, now_s: float) -> None:
         """A new limit at `now_s`: a higher one lets the line in at once; a lower one pre-empts nobody."""
@@ -172,11 +178,14 @@ class Limiter:
             if not self._waiters and self._waiters.detector is not None:
                 self._waiters.detector.drained()
 
-    def release(self, units: float = 1, *, now_s: float) -> float:
-        """Give `units` slots back at `now_s`; the busy area until then, as `busy_area(now_s)` would give."""
+    def release(self, units: float = 1, *, now_s: float | None = None) -> float:
+        """Give `units` slots back at `now_s` (the limiter's clock's now where not told, as after
+        `acquire`); the busy area until then, as `busy_area(now_s)` would give."""
         in_flight = self._in_flight
         if in_flight < units:
             raise RuntimeError("release() called for more slots than were acquired")
+        if now_s is None:
+            now_s = self._clock()
         # _set_in_flight, written out: this is every request's path
         busy_area = self._busy_area = self._busy_area + in_flight * (now_s - self._busy_since_s)
         self._busy_since_s = now_s
