@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,7 +40,7 @@ from ._observe.diagnostics import Diagnostics
 from ._observe.metrics import GateMetrics
 from ._observe.watch import GatedRoute
 from .oom import any_in_chain, is_oom, tried_bytes
-from .options import gate_options, signature_of_options
+from .options import GateKeywords, gate_options, signature_of_options
 
 __all__ = ["AdaptiveGate", "ClientNotReading"]
 
@@ -61,9 +61,9 @@ class AdaptiveGate:
     and `clock` are collaborators, not settings: each gate needs its own.
     """
 
-    def __init__(self, app: ASGIApp, /, **options: Any) -> None:
+    def __init__(self, app: ASGIApp, **options: Unpack[GateKeywords]) -> None:
         self.app = app
-        self.options = gate_options(options)
+        self.options = gate_options(dict(options))
         controller, diagnostics, clock = self.options.controller, self.options.diagnostics, self.options.clock
         self.core = GateCore(
             AIMD() if controller is None else controller,
@@ -309,7 +309,7 @@ def _not_reading(exc: BaseException) -> bool:
 # What `help(AdaptiveGate)`, `inspect.signature` and editors show: the keywords of `GateOptions`.
 AdaptiveGate.__init__.__signature__ = signature_of_options(  # type: ignore[attr-defined]
     [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
-        inspect.Parameter("app", inspect.Parameter.POSITIONAL_ONLY, annotation="ASGIApp"),
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("app", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="ASGIApp"),
     ]
 )

@@ -10,11 +10,12 @@ in what each accepts (seconds for the timeouts and periods, bytes for the body b
 from __future__ import annotations
 
 import difflib
+import enum
 import inspect
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from starlette.types import Scope
 
@@ -32,9 +33,11 @@ from ._checks import (
 from ._control.control import Controller
 from ._gate.admission import OVERLOAD_MODES
 from ._observe.diagnostics import Diagnostics
+from .probes import Probe
 
 __all__ = [
-    "HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateOptions", "gate_options", "option_table",
+    "HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateKeywords", "GateOptions", "gate_options",
+    "option_table",
 ]  # fmt: skip
 
 HEALTH_PATHS = ("/health", "/healthz", "/livez", "/readyz")
@@ -52,13 +55,21 @@ def option(
     *,
     collaborator: bool = False,
     shown_default: str | None = None,
+    given: object = None,
     repr: bool = True,
     compare: bool = True,
 ) -> T:
     """One option: its default, what it accepts and what it means, for the checks, the status and
     the reference page alike. A collaborator (the controller, the diagnostics, the clock) is an
-    object the gate works with, not a setting: the status does not show it."""
-    metadata = {"accepts": accepts, "meaning": meaning, "collaborator": collaborator, "shown_default": shown_default}
+    object the gate works with, not a setting: the status does not show it. `given`: the default
+    as a caller would write it, where the field keeps it in another form (a tag as a set)."""
+    metadata = {
+        "accepts": accepts,
+        "meaning": meaning,
+        "collaborator": collaborator,
+        "shown_default": shown_default,
+        "given": default if given is None else given,
+    }
     made: T = field(default=default, metadata=metadata, repr=repr, compare=compare)
     return made
 
@@ -77,6 +88,7 @@ class GateOptions:
         'a tag such as `"gpu"`, a list of tags, or `None`',
         "routes whose tags hold it (or, for a list, any of it) are gated; `None` gates every HTTP request",
         shown_default='"gpu"',
+        given="gpu",
     )
     initial_limit: int | None = option(
         None, "an int in `[min_limit, max_limit]`, or `None` (= `min_limit`)", "the limit to start from"
@@ -130,12 +142,14 @@ class GateOptions:
         f"a tuple of {', '.join(f'`{name!r}`' for name in PROTECTABLE)}",
         "endpoints left open despite the token",
         shown_default="()",
+        given=(),
     )
     health_paths: frozenset[str] = option(
         frozenset(HEALTH_PATHS),
         "a tuple of paths",
         "never gated, even with `tag=None`",
         shown_default=repr(HEALTH_PATHS),
+        given=HEALTH_PATHS,
     )
     workers: int | None = option(
         None,
@@ -283,10 +297,57 @@ def gate_options(options: dict[str, Any]) -> GateOptions:
     return GateOptions(**options)
 
 
+class GateKeywords(TypedDict, total=False):
+    """What a type checker sees of `AdaptiveGate(app, **options)`: the types each option accepts as
+    a caller writes it (a tag as a string, paths as a tuple). The names, defaults and meanings are
+    `GateOptions`'; a test holds the two to the same names."""
+
+    tag: str | enum.Enum | list[str] | tuple[str, ...] | frozenset[str] | None
+    initial_limit: int | None
+    min_limit: int
+    max_limit: int
+    max_queue: int
+    queue_timeout: float
+    probe: Probe | str | None
+    controller: Controller | None
+    reject_status: int
+    max_retry_after: int
+    sample_period: float
+    probe_timeout: float
+    status_path: str | None
+    metrics_path: str | None
+    dashboard_path: str | None
+    ready_path: str | None
+    limits_path: str | None
+    admin_token: str | None
+    unprotected: tuple[str, ...] | list[str] | frozenset[str]
+    health_paths: tuple[str, ...] | list[str] | frozenset[str]
+    workers: int | None
+    diagnostics: Diagnostics | None
+    max_body_bytes: int
+    max_buffered_bytes: int
+    body_timeout: float
+    send_timeout: float
+    cost: Callable[[Scope], float] | None
+    priority: str | Callable[[Scope], int] | None
+    tenant: str | Callable[[Scope], str | None] | None
+    priority_aging: float
+    overload: str
+    queue_target: float | None
+    clock: Callable[[], float]
+
+
 def signature_of_options(first: list[inspect.Parameter]) -> inspect.Signature:
-    """The keyword signature that `help(AdaptiveGate)` and editors show, made from the fields."""
+    """The keyword signature that `help(AdaptiveGate)` and editors show, made from the fields (the
+    defaults as a caller writes them) and `GateKeywords` (the types)."""
+    accepted = GateKeywords.__annotations__
     keywords = [
-        inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=_default(option))
+        inspect.Parameter(
+            option.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=option.metadata["given"],
+            annotation=getattr(accepted[option.name], "__forward_arg__", accepted[option.name]),
+        )
         for option in fields(GateOptions)
     ]
     return inspect.Signature([*first, *keywords])

@@ -28,22 +28,38 @@ def test_core_imports_no_optional_package() -> None:
     assert out.strip() == "[]"
 
 
-def test_a_users_type_checker_accepts_the_one_line(tmp_path: pathlib.Path) -> None:
-    """`app.add_middleware(AdaptiveGate, ...)` type-checks under `mypy --strict`: Starlette's middleware
-    factory takes the app positionally and the options as keywords, and so does the gate."""
+def mypy_strict(tmp_path: pathlib.Path, source: str) -> subprocess.CompletedProcess[str]:
     user = tmp_path / "service.py"
-    user.write_text(
-        "from starlette.applications import Starlette\n"
-        "from adaptive_gate import AdaptiveGate\n"
-        "app = Starlette()\n"
-        "app.add_middleware(AdaptiveGate, max_limit=8, queue_timeout=5.0)\n"
+    user.write_text(source)
+    command = [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--follow-imports=silent", str(user)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+SERVICE = "from starlette.applications import Starlette\nfrom adaptive_gate import AdaptiveGate\napp = Starlette()\n"
+
+
+def test_a_users_type_checker_checks_the_one_line(tmp_path: pathlib.Path) -> None:
+    """`app.add_middleware(AdaptiveGate, ...)` type-checks under `mypy --strict` (Starlette's factory
+    takes the app positionally and the options as keywords), and a misspelt option or a value of the
+    wrong type is caught there, before the service starts."""
+    good = mypy_strict(
+        tmp_path, SERVICE + "app.add_middleware(AdaptiveGate, max_limit=8, queue_timeout=5.0, tag=['gpu'])\n"
     )
-    checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--follow-imports=silent", str(user)],
-        capture_output=True,
-        text=True,
+    assert good.returncode == 0, good.stdout
+    wrong = mypy_strict(
+        tmp_path,
+        SERVICE + 'app.add_middleware(AdaptiveGate, max_limt=8)\napp.add_middleware(AdaptiveGate, queue_timeout="5")\n',
     )
-    assert checked.returncode == 0, checked.stdout
+    assert wrong.returncode == 1 and ":4:" in wrong.stdout and ":5:" in wrong.stdout, wrong.stdout
+    assert "max_limt" in wrong.stdout and "queue_timeout" in wrong.stdout, wrong.stdout
+
+
+def test_the_type_checkers_keywords_are_the_options() -> None:
+    from dataclasses import fields
+
+    from adaptive_gate.options import GateKeywords, GateOptions
+
+    assert list(GateKeywords.__annotations__) == [option.name for option in fields(GateOptions)]
 
 
 def test_the_signature_shows_every_option_once() -> None:
@@ -54,3 +70,4 @@ def test_the_signature_shows_every_option_once() -> None:
     assert list(parameters)[0] == "app"
     assert list(parameters)[1:] == [row["name"] for row in option_table()]
     assert parameters["max_limit"].default == 64 and parameters["queue_timeout"].default == 30.0
+    assert parameters["tag"].default == "gpu" and parameters["unprotected"].default == ()
