@@ -15,12 +15,12 @@ Callers wait in a line. The first of them leads: it waits until the line holds a
 batch may take or `max_wait_s` passed since the oldest item came, runs the batch (a sync function
 in a worker thread, never on the event loop), hands every caller its result, and passes the lead
 to the oldest caller still waiting. So one batch runs at a time, without a task of its own that
-would need a lifespan to start it. No cancellation stops a running batch (`_batch_call.run_to_end`,
+would need a lifespan to start it. No cancellation stops a running batch (`_batch/call.py`: `run_to_end`,
 anyio's scopes and asyncio's `task.cancel()` alike): a leader cancelled meanwhile gets its
 cancellation when the batch is over, and no other caller loses its batch for it (the work on the
 card could not be stopped anyway). A caller cancelled while it waits leaves the line at once.
 
-How large a batch may be is `_batch_policy.BatchPolicy`'s answer: what fits the card's room now,
+How large a batch may be is the answer of `BatchPolicy` (`_batch/policy.py`): what fits the card's room now,
 what still buys throughput, and `max_batch_size`. A batch that runs out of memory is split in
 halves, each retried, and the policy learns from it; an item that does not fit alone fails with
 the out-of-memory error, which the gate in front turns into a 503, and teaches the policy nothing

@@ -3,7 +3,7 @@
 This module is the ASGI glue and nothing else: which requests are gated, reading a gated request's
 body, waiting for a slot, holding the slot around the application, answering `503` (or `429`)
 with a `Retry-After`, and the operating endpoints. What the gate decides and counts lives in
-`GateCore` (`core.py`), which the simulator drives too; the background loops in `_background.py`.
+`GateCore` (`_gate/core.py`), which the simulator drives too; the background loops in `_http/background.py`.
 
 Gated requests take a slot before they reach the application and hold it until the last byte of
 their response is sent. Requests that find no free slot wait in line (FIFO, or by priority and

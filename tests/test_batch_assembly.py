@@ -1,4 +1,4 @@
-"""The line of items waiting for a batch (`_batching.Assembly`), checked against a plain list model."""
+"""The line of items waiting for a batch (`_batch/batching.py`: `Assembly`), checked against a plain list model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The batch-size policy (`_batch_policy`): bytes per item, the room, the knee, OOM holds. No clocks."""
+"""The batch-size policy (`_batch/policy.py`): bytes per item, the room, the knee, OOM holds. No clocks."""
 
 from __future__ import annotations
 

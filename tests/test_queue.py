@@ -1,4 +1,4 @@
-"""The waiting line's order (`_queue.py`) and the overload detector (`_overload.py`), on a fake clock."""
+"""The waiting line's order (`_gate/queue.py`) and the overload detector (`_gate/overload.py`), on a fake clock."""
 
 from __future__ import annotations
 

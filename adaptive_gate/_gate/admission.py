@@ -6,7 +6,7 @@ expected service time is past its deadline, and the place it gets carries the la
 may still start (`Waiter.latest_start_s`): the line refuses it then rather than grant a slot
 to work whose answer nobody would read.
 
-When the queue is in overload (`_overload.OverloadDetector`: a standing line that grows faster than
+When the queue is in overload (`OverloadDetector` in `overload.py`: a standing line that grows faster than
 the slots take it in, too long to wait out first come first served), `overload` says what the gate
 does:
 

@@ -60,7 +60,7 @@ class GateCore(CoreSnapshot):
         """The middleware and the simulator build it alike; `controller` is bound to the bounds here.
 
         `classes`: requests carry priorities and tenants (a fair line, counts per class);
-        `overload`: what the gate does in overload ("lifo", "shed" or "off", see `_admission`);
+        `overload`: what the gate does in overload ("lifo", "shed" or "off", see `admission.py`);
         `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
         if overload not in OVERLOAD_MODES:
             raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")

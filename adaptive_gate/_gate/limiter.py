@@ -3,7 +3,7 @@
 Think of it as a counter of slots in use (`in_flight`) and a line of people waiting for one
 (`queued`). Whoever arrives while a slot is free and nobody is waiting walks straight in. Everyone
 else joins the line. When a slot comes back it is handed directly to the person the line puts
-first (`_queue.py`: the front, unless priorities, tenants or an overload say otherwise), so a
+first (`queue.py`: the front, unless priorities, tenants or an overload say otherwise), so a
 newcomer can never take a slot from somebody who waits. A waiter whose latest start has passed
 when its turn comes is refused (`Waiter.refused`) and the slot goes on to the next. Raising the limit lets the
 front of the line in at once; lowering it pre-empts nobody: work that holds a slot keeps it until it
@@ -85,7 +85,7 @@ class Limiter:
         self._clock = clock
         self._busy_area = 0.0  # integral of in_flight over time: slot-seconds
         self._busy_since_s = 0.0  # any start will do: nothing is in flight before the first event
-        # Who is served next (`_queue.py`): first come first served unless told otherwise. Each line
+        # Who is served next (`queue.py`): first come first served unless told otherwise. Each line
         # appends, pops and removes from the middle (a waiter that gives up) in O(1).
         self._waiters: FifoLine | FairLine = FifoLine() if line is None else line
 

@@ -12,7 +12,7 @@ one small interface (`push`, `pop`, `remove`, `evictable`, `ahead_of`, `len()`):
   so the lowest is never starved for ever. A tenant's line exists only while somebody waits in it,
   so random tenant names cannot grow it past `max_queue`.
 
-Both take an `OverloadDetector` (`_overload.py`): while more arrive than the slots take in, they
+Both take an `OverloadDetector` (`overload.py`): while more arrive than the slots take in, they
 serve newest first (adaptive LIFO): the fresh get served while they can still use the answer, and
 the stale reach their deadline instead of being served late.
 """

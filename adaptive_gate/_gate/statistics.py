@@ -103,5 +103,5 @@ class GateStatistics:
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
     overload: dict[str, Any] = field(default_factory=dict)
     # What one request of each route weighs in slots, where readings have told routes apart
-    # (`_route_weights`); empty while every request weighs 1.
+    # (`_control/route_weights.py`); empty while every request weighs 1.
     route_weights: dict[str, float] = field(default_factory=dict)
