@@ -74,7 +74,8 @@ class Limiter:
         line: FifoLine | FairLine | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`clock` is read by `acquire` alone: the bookkeeping is told the time."""
+        """`clock` is read only for use on its own (`acquire`, and `release` or a new `limit` given no
+        time): the bookkeeping is told the time."""
         self._limit = _check_limit(limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
