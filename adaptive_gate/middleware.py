@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import fields
 from typing import Any, Unpack
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,6 +34,7 @@ from ._http.background import serve_lifespan
 from ._http.body import Body, BodyBudget, request_head
 from ._http.classify import Classifier
 from ._http.endpoints import Endpoints
+from ._http.keywords import GateKeywords, signature_of_options
 from ._http.line import wait_in_line
 from ._http.operations import Operations
 from ._http.routes import RouteTable
@@ -40,9 +42,9 @@ from ._observe.diagnostics import Diagnostics
 from ._observe.metrics import GateMetrics
 from ._observe.watch import GatedRoute
 from .oom import any_in_chain, is_oom, tried_bytes
-from .options import GateKeywords, gate_options, signature_of_options
+from .options import GateOptions, gate_options
 
-__all__ = ["AdaptiveGate", "ClientNotReading"]
+__all__ = ["AdaptiveGate", "ClientNotReading", "GateKeywords"]
 
 logger = logging.getLogger("adaptive_gate")
 
@@ -311,5 +313,6 @@ AdaptiveGate.__init__.__signature__ = signature_of_options(  # type: ignore[attr
     [
         inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
         inspect.Parameter("app", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="ASGIApp"),
-    ]
+    ],
+    fields(GateOptions),
 )

@@ -10,12 +10,10 @@ in what each accepts (seconds for the timeouts and periods, bytes for the body b
 from __future__ import annotations
 
 import difflib
-import enum
-import inspect
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from starlette.types import Scope
 
@@ -33,10 +31,9 @@ from ._checks import (
 from ._control.control import Controller
 from ._gate.admission import OVERLOAD_MODES
 from ._observe.diagnostics import Diagnostics
-from .probes import Probe
 
 __all__ = [
-    "HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateKeywords", "GateOptions", "gate_options",
+    "HEALTH_PATHS", "MAX_QUEUE", "PATH_OPTIONS", "PROTECTABLE", "GateOptions", "gate_options",
     "option_table",
 ]  # fmt: skip
 
@@ -295,62 +292,6 @@ def gate_options(options: dict[str, Any]) -> GateOptions:
                 "(see the reference's option table)"
             )
     return GateOptions(**options)
-
-
-class GateKeywords(TypedDict, total=False):
-    """What a type checker sees of `AdaptiveGate(app, **options)`: the types each option accepts as
-    a caller writes it (a tag as a string, paths as a tuple). The names, defaults and meanings are
-    `GateOptions`'; a test holds the two to the same names."""
-
-    tag: str | enum.Enum | list[str] | tuple[str, ...] | frozenset[str] | None
-    initial_limit: int | None
-    min_limit: int
-    max_limit: int
-    max_queue: int
-    queue_timeout: float
-    probe: Probe | str | None
-    controller: Controller | None
-    reject_status: int
-    max_retry_after: int
-    sample_period: float
-    probe_timeout: float
-    status_path: str | None
-    metrics_path: str | None
-    dashboard_path: str | None
-    ready_path: str | None
-    limits_path: str | None
-    admin_token: str | None
-    unprotected: tuple[str, ...] | list[str] | frozenset[str]
-    health_paths: tuple[str, ...] | list[str] | frozenset[str]
-    workers: int | None
-    diagnostics: Diagnostics | None
-    max_body_bytes: int
-    max_buffered_bytes: int
-    body_timeout: float
-    send_timeout: float
-    cost: Callable[[Scope], float] | None
-    priority: str | Callable[[Scope], int] | None
-    tenant: str | Callable[[Scope], str | None] | None
-    priority_aging: float
-    overload: str
-    queue_target: float | None
-    clock: Callable[[], float]
-
-
-def signature_of_options(first: list[inspect.Parameter]) -> inspect.Signature:
-    """The keyword signature that `help(AdaptiveGate)` and editors show, made from the fields (the
-    defaults as a caller writes them) and `GateKeywords` (the types)."""
-    accepted = GateKeywords.__annotations__
-    keywords = [
-        inspect.Parameter(
-            option.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=option.metadata["given"],
-            annotation=getattr(accepted[option.name], "__forward_arg__", accepted[option.name]),
-        )
-        for option in fields(GateOptions)
-    ]
-    return inspect.Signature([*first, *keywords])
 
 
 def option_table() -> list[dict[str, str]]:

@@ -57,7 +57,8 @@ def test_a_users_type_checker_checks_the_one_line(tmp_path: pathlib.Path) -> Non
 def test_the_type_checkers_keywords_are_the_options() -> None:
     from dataclasses import fields
 
-    from adaptive_gate.options import GateKeywords, GateOptions
+    from adaptive_gate.middleware import GateKeywords
+    from adaptive_gate.options import GateOptions
 
     assert list(GateKeywords.__annotations__) == [option.name for option in fields(GateOptions)]
 
