@@ -13,7 +13,7 @@ from adaptive_gate._gate.queue import FairLine, FifoLine, Waiter
 from adaptive_gate.limiter import Limiter, QueueFull
 
 
-def fair_limiter(now: list[float], limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000) -> Limiter:
+def fair_limiter(limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000) -> Limiter:
     return Limiter(limit, max_queue=max_queue, line=FairLine(aging_s))
 
 
@@ -153,7 +153,7 @@ def test_aging_lets_the_old_low_priority_one_pass() -> None:
 
 def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
     now = [0.0]
-    limiter = fair_limiter(now, max_queue=3)
+    limiter = fair_limiter(max_queue=3)
     assert limiter.try_acquire(now_s=now[0])
     low_old, low_new, mid = (
         limiter.join(Waiter(0), now_s=now[0]),
@@ -171,7 +171,7 @@ def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
 
 def test_tenant_lines_exist_only_while_somebody_waits() -> None:
     now = [0.0]
-    limiter = fair_limiter(now, max_queue=10_000)
+    limiter = fair_limiter(max_queue=10_000)
     assert limiter.try_acquire(now_s=now[0])
     waiters = [limiter.join(Waiter(0, f"random-{i}"), now_s=now[0]) for i in range(5000)]
     for waiter in waiters:
@@ -183,7 +183,7 @@ def test_tenant_lines_exist_only_while_somebody_waits() -> None:
 def test_backlogged_tenants_get_equal_shares() -> None:
     """Thirty heavy tenants with twenty waiting each and two light ones: every one gets 1/32."""
     now = [0.0]
-    limiter = fair_limiter(now)
+    limiter = fair_limiter()
     assert limiter.try_acquire(now_s=now[0])
     tenant_of: dict[Waiter, str] = {}
     for _ in range(20):
