@@ -54,12 +54,25 @@ def without_twofold_growth() -> AIMD:
     return controller
 
 
+class _OneOomPerPileUp(AIMD):
+    """The OOMs of a pile-up after its first teach nothing: the limit steps down one per correction."""
+
+    @property
+    def _pile(self) -> None:
+        return None
+
+    @_pile.setter
+    def _pile(self, value: object) -> None:
+        pass
+
+
 VARIANTS: dict[str, Callable[[], AIMD]] = {
     "full": AIMD,
     "no OOM bars": without_oom_bars,
     "no mix tail": without_mix_tail,
     "no allocation sizes": without_allocation_sizes,
     "no twofold growth": without_twofold_growth,
+    "one OOM per pile-up": _OneOomPerPileUp,
 }
 
 

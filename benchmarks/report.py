@@ -36,6 +36,9 @@ SHORT = {
     "fragmented": "an allocation may fail below the total",
     "jitter": "latency noise that load does not cause",
     "too-large": "one request in twelve never fits",
+    "small-neighbour": "a neighbour smaller than one request",
+    "two-neighbours": "two neighbours come, one after the other",
+    "survived-neighbour": "a neighbour takes five of eight; OOMs do not crash",
 }
 
 

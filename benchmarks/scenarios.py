@@ -142,6 +142,43 @@ SCENARIOS: dict[str, Scenario] = {
             jitter=True,
         ),
         Scenario(
+            "small-neighbour",
+            "an 80 GiB card, 34 GiB of weights, 4.7 GiB per request that takes 50 ms (nine fit); a neighbour "
+            "smaller than one request (4.2 GiB) for the middle third (eight fit); an OOM does not take the "
+            "worker down",
+            middle_third(Size(int(4.7 * GiB)), int(4.2 * GiB)),
+            total_bytes=80 * GiB,
+            weights_bytes=34 * GiB,
+            work_s=0.05,
+            capacity_per_s=180.0,
+        ),
+        Scenario(
+            "two-neighbours",
+            "4 GiB per request (four fit); a neighbour takes 2.5 GiB from a quarter of the run (three fit), "
+            "a second one 3.5 GiB more from half-way (two fit), both leave at three quarters",
+            [
+                Phase(0.0, Size(4 * GiB)),
+                Phase(0.25, Size(4 * GiB), int(2.5 * GiB)),
+                Phase(0.5, Size(4 * GiB), 6 * GiB),
+                Phase(0.75, Size(4 * GiB)),
+            ],
+            weights_bytes=int(6.5 * GiB),
+            work_s=0.2,
+            capacity_per_s=20.0,
+            crash_s=1.0,
+        ),
+        Scenario(
+            "survived-neighbour",
+            "a 40 GiB card, 19 GiB of weights, 2.4 GiB per request that takes 0.2 s (eight fit); a neighbour "
+            "takes 12 GiB for the middle third (three fit), and an OOM does not take the worker down: the "
+            "requests admitted before the first one run out too",
+            middle_third(Size(int(2.4 * GiB)), 12 * GiB),
+            total_bytes=40 * GiB,
+            weights_bytes=19 * GiB,
+            work_s=0.2,
+            capacity_per_s=40.0,
+        ),
+        Scenario(
             "too-large",
             "classic, where one request in twelve asks for 20 GiB, which never fits, even alone",
             [Phase(0.0, now_and_then_too_large)],

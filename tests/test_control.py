@@ -246,6 +246,40 @@ def test_an_oom_on_a_card_that_did_not_change_bars_its_level_there() -> None:
     assert c.limit == 5
 
 
+def test_a_bar_the_readings_explain_lifts_as_soon_as_its_level_fits_again() -> None:
+    """Five ran out as a neighbour smaller than one request came (2 GiB: room for 4.67 of 3 GiB),
+    and the readings after the OOM showed it. When it left, the card had room for 5.33: five fit
+    again. The bar waited for a whole request more room than at the OOM, which the neighbour's
+    leaving never gives: the limit sat at four for two minutes."""
+    c = AIMD()
+    bound(c, initial=1)
+    learned(c)
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=5)
+    for i in range(20):  # 8 + 2 + 4 x 3
+        c.on_sample(now_s=1.05 + i * 0.1, sample=MemorySample(22 * GiB, TOTAL), in_flight=4)
+    assert c.limit == 4 and c.describe()["oom"]["room_then"] == pytest.approx(14 / 3, abs=0.01)
+    for i in range(2):  # it left
+        c.on_sample(now_s=5.0 + i * 0.1, sample=MemorySample(20 * GiB, TOTAL), in_flight=4)
+    assert c.limit == 5 and c.describe()["oom"] is None
+
+
+def test_each_oom_of_one_pile_up_is_one_more_that_did_not_fit() -> None:
+    """A neighbour took the room of five of eight requests between two readings: the readings
+    cannot tell its bytes from ours (the requests that ran out hold none), only the OOMs can. Five
+    ran out from one limit: three fit, where one step down per OOM limit took five limits (and
+    their OOMs) to find it."""
+    c = AIMD()
+    bound(c, initial=1)
+    learned(c, request_gib=2, levels=(1, 2, 4, 7))
+    assert c.limit == 8
+    epoch = c.epoch
+    for _ in range(5):
+        c.on_oom(now_s=1.0, epoch=epoch, in_flight=8)
+    assert c.limit == 3 and c.epoch == epoch + 1
+    c.on_oom(now_s=1.0, epoch=epoch - 1, in_flight=8)  # older than the pile-up: nothing new
+    assert c.limit == 3
+
+
 def test_a_swallowed_oom_is_weaker_evidence() -> None:
     c = AIMD()
     bound(c, initial=1)

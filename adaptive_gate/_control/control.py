@@ -171,6 +171,8 @@ class AIMD(_Bounds):
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes, units, and
         # whether the model took it for a change of sizes
         self._allocation: tuple[float, float, bool] | None = None
+        # The last correction's pile-up, while its OOMs come in: the level then, and how many ran out
+        self._pile: tuple[int, int] | None = None
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -218,9 +220,19 @@ class AIMD(_Bounds):
             allocation, self._allocation = self._allocation, None
             learned = allocation is not None and allocation[2]
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
+            mix = self.memory.is_mix()
             if epoch is not None and epoch < self._epoch:
-                return  # admitted before the last correction: the same pile-up, nothing new
-            if placed and self.memory.is_mix():
+                # Admitted before the last correction: the same pile-up. Each more of it that ran out
+                # is one more of the level then that did not fit (a neighbour that took the room of
+                # five requests shows as five OOMs at once, where no reading tells its bytes from ours).
+                if epoch == self._epoch - 1 and self._pile is not None and placed and not stray and not mix:
+                    level_then, failed = self._pile
+                    self._pile = (level_then, failed + 1)
+                    self.memory.ooms.record(now_s, max(self.min_limit + 1, level_then - failed), self.memory.room())
+                    self._update("out of memory", at_most=self._limit)
+                return
+            self._pile = None
+            if placed and mix:
                 self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
             elif not learned:
                 # The model said `level` fitted in the room the card had: it did not. That room and
@@ -229,6 +241,7 @@ class AIMD(_Bounds):
                 # that its own request's size explains (a large one left from before the sizes
                 # shrank), which says little of how many of the model's requests fit.
                 self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed and not stray)
+                self._pile = (level, 1)
             self._epoch += 1
             self._update("out of memory", at_most=self._limit)  # an OOM never raises the limit
             return

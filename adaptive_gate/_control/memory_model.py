@@ -136,9 +136,10 @@ class MemoryModel:
 
     def _learn(self, in_flight: float, used: float) -> None:
         self.busy_samples += in_flight > 0
-        if in_flight <= 0 and self._baseline is not None and self._per_request is not None:
-            if abs(used - self._baseline) > 0.25 * self._per_request:
-                # Nothing of ours runs and the others hold another amount: the card changed, and a
+        if in_flight <= 0 and self._per_request is not None:
+            if any(abs(used - b) > 0.25 * self._per_request for b in (self._baseline, self._anchor) if b is not None):
+                # Nothing of ours runs and the others hold another amount than believed, or than last
+                # anchored (a rise read only in part, with the card full): the card changed, and a
                 # line through readings from before and after would be no line (a neighbour that
                 # came during a restart, fitted with the busy readings before it, halved a request).
                 self._changed()
@@ -357,7 +358,9 @@ class MemoryModel:
 
     def cap(self, now_s: float | None = None) -> int | None:
         """How many requests fit under `target_utilisation` of the card beside the others' bytes, or
-        None if not known yet; at `now_s`, below any level an OOM showed not to fit in this room."""
+        None if not known yet; at `now_s`, below any level an OOM showed not to fit in this room.
+        Not in a mix: there an OOM is its large ones meeting, which the tail planned for answers
+        (`mix_oom`), and a level barred by the pile-ups met while learning it is one held blindly."""
         est = self.estimate()
         if est is None:
             return None
@@ -366,7 +369,9 @@ class MemoryModel:
         n = max(0, math.floor(room_bytes / est.per_request_bytes + 1e-6))
         while n > 0 and n * est.per_request_bytes + self.z * math.sqrt(n) * est.spread_bytes > room_bytes:
             n -= 1
-        barred = None if now_s is None else self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
+        if now_s is None or self.is_mix():
+            return n
+        barred = self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
         return n if barred is None else min(n, barred - 1)
 
     def mix_oom(self) -> None:

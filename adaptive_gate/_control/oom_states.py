@@ -17,8 +17,10 @@ ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's 
 OOM_STATE_S = 0.25  # how long after an OOM the readings still describe the card it happened on
 MAX_STATES = 16
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
-# one the app caught (the probe's count: cuDNN counts its own tries too), or one a mix's spread explains
-WEAK_MEMORY_S = 10.0
+# One the app caught (the probe's count: cuDNN counts its own tries too), or one its own request's
+# size explains: held a few readings' worth of seconds, not the ten that once kept a limit four
+# where seven fitted, after the pile-ups met while route weights were being learned.
+WEAK_MEMORY_S = 3.0
 
 
 class OomStates:
@@ -51,11 +53,7 @@ class OomStates:
 
     def barred_from(self, now_s: float, room: float) -> int | None:
         """The lowest level barred with `room` for so many requests now, or None."""
-        barred = [
-            int(level)
-            for level, room_then, _, until_s in self._states
-            if now_s < until_s and room < room_then + ROOM_MARGIN
-        ]
+        barred = [int(state[0]) for state in self._states if _bars(state, now_s, room)]
         return min(barred) if barred else None
 
     def describe(self, now_s: float, room: float | None) -> dict[str, float] | None:
@@ -63,10 +61,25 @@ class OomStates:
         if room is None:
             return None
         lowest = self.barred_from(now_s, room)
-        for level, room_then, at_s, until_s in self._states:
-            if level == lowest and now_s < until_s and room < room_then + ROOM_MARGIN:
+        for state in self._states:
+            level, room_then, at_s, _ = state
+            if level == lowest and _bars(state, now_s, room):
                 return {"level": int(level), "room_then": round(room_then, 2), "age_s": round(now_s - at_s, 2)}
         return None
 
     def forget(self) -> None:
         self._states.clear()
+
+
+def _bars(state: list[float], now_s: float, room: float) -> bool:
+    """Whether an OOM's state still bars its level with `room` for so many requests now. Where the
+    readings after it explained it (the room then was less than its level: a neighbour came), it
+    bars its level until the model says the level fits again: a neighbour smaller than a request
+    leaves less than `ROOM_MARGIN` to come back. Where they did not (the model said it fitted, and
+    it did not), the card must read `ROOM_MARGIN` roomier than then."""
+    level, room_then, _, until_s = state
+    if now_s >= until_s:
+        return False
+    if room_then < level:
+        return room < level
+    return room < room_then + ROOM_MARGIN
