@@ -192,6 +192,29 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
     assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
+def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
+    """Three requests weighed one slot each; then the readings weigh the heavy route four times the
+    light one. One of them runs out of memory: the level that did not fit is what they are worth now
+    (2 + 2 + 0.5 slots), not the three slots they took, which barred a level the model knows fits."""
+    now = [0.0]
+    controller = AIMD()
+    levels: list[float] = []
+    on_oom = controller.on_oom
+    controller.on_oom = lambda **told: (levels.append(told["in_flight"]), on_oom(**told))[-1]  # type: ignore[method-assign]
+    core = core_with(controller, now)
+    tickets = []
+    for route in ("/heavy", "/heavy", "/light"):
+        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
+        tickets.append(core.admitted(0.0, 0.0, 1, route))
+    assert core.route_weights is not None
+    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    core.oom(tickets[0], 0.1)
+    assert levels == [4.5]
+    for ticket in tickets:
+        core.release(ticket, 0.2, Outcome.OOM if ticket is tickets[0] else Outcome.COMPLETED)
+    assert core.statistics(0.2).in_flight == 0
+
+
 def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:
     # Two apps mounted at /v1 and /v2 each have a "POST /predict": two routes, one label. The
     # status keyed them by label, so one weight hid the other; a label that is no str is shown as one.

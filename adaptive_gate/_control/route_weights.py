@@ -75,6 +75,11 @@ class RouteWeights:
         weight = self.by_route.get(route, 1.0)
         return units if weight == 1.0 else round(units / weight * 64) / 64
 
+    def slots(self, requests_by_route: dict[object, float]) -> float:
+        """What `requests_by_route` (`requests`) are worth in slots now."""
+        weight = self.weight
+        return sum(n * weight(route) for route, n in requests_by_route.items())
+
     def reading(self, used_bytes: float, requests_by_route: dict[object, float]) -> bool:
         """`observe`, with each route's requests in flight (`requests`) as many slots as they are
         worth now. Not the slots they took: a request weighed before the weights last changed (one

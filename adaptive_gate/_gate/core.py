@@ -229,6 +229,11 @@ class GateCore(CoreSnapshot):
             # The level that ran out: as many as ran when it came in (its allocation may have failed
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)
+            if self.route_weights is not None and limiter.in_flight > 0:
+                # In the slots of the weights of now: requests weighed before the weights last changed
+                # (those that waited in the line meanwhile) hold the slots of then, and a large one that
+                # took one slot where it now takes two made a level that ran out look smaller than it was.
+                level *= self.route_weights.slots(self.requests_by_route) / limiter.in_flight
             self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=level)
             self._apply_limit(now_s)
         return too_large
