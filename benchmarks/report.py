@@ -37,6 +37,7 @@ SHORT = {
     "jitter": "latency noise that load does not cause",
     "too-large": "one request in twelve never fits",
     "small-neighbour": "a neighbour smaller than one request",
+    "mixed-routes-tight": "the same, on a card with room for five of them",
     "two-neighbours": "two neighbours come, one after the other",
     "survived-neighbour": "a neighbour takes five of eight; OOMs do not crash",
 }

@@ -91,6 +91,15 @@ SCENARIOS: dict[str, Scenario] = {
             route=route_by_size,
         ),
         Scenario(
+            "mixed-routes-tight",
+            "mixed-routes on a card with room for about five of the mix (24 GiB, 11.5 GiB of weights): a slot is "
+            "the mean request, and what is left of the room is a large share of one",
+            [Phase(0.0, small_and_large)],
+            weights_bytes=int(11.5 * GiB),
+            capacity_per_s=40.0,
+            route=route_by_size,
+        ),
+        Scenario(
             "classic-crash",
             "classic, where an OOM kills the worker for 2 s (as an unrecoverable CUDA error does)",
             [Phase(0.0, THREE_GIB)],

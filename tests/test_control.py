@@ -280,6 +280,17 @@ def test_each_oom_of_one_pile_up_is_one_more_that_did_not_fit() -> None:
     assert c.limit == 3
 
 
+def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_limit() -> None:
+    """16 GiB of room and 3.5 GiB a slot: 4.57 slots, the limit 4. Requests that weigh fractions of a
+    slot (route weights, `cost`) may fill the 4.57; under an OOM bar, or in a mix, the limit is all."""
+    c = AIMD()
+    bound(c, initial=1)
+    learned(c, request_gib=3.5, levels=(1, 2, 3, 4))
+    assert c.limit == 4 and c.budget == pytest.approx(16 / 3.5)
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=4)
+    assert c.limit == 3 and c.budget == 3
+
+
 def test_a_swallowed_oom_is_weaker_evidence() -> None:
     c = AIMD()
     bound(c, initial=1)

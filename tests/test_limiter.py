@@ -355,3 +355,25 @@ async def test_the_limiter_on_its_own_needs_no_times() -> None:
     limiter.release()
     limiter.release()
     assert limiter.in_flight == 0 and limiter.limit == 2
+
+
+def test_a_budget_lets_requests_that_weigh_fractions_fill_part_of_a_slot_more() -> None:
+    """Route weights make a slot the mean request: the card has room for 4.7 of them where the limit
+    shows 4. Requests that weigh fractions fill the 4.7; one of a whole slot sees the limit alone;
+    no budget reaches the next whole slot, and none goes below the limit."""
+    limiter = Limiter(4, max_queue=8)
+    limiter.set_limit(4, 0.0, budget=4.7)
+    assert limiter.limit == 4 and limiter.budget == 4.7
+    for _ in range(9):
+        assert limiter.try_acquire(0.5, now_s=0.0)
+    assert not limiter.try_acquire(0.5, now_s=0.0)  # 5.0 > 4.7
+    limiter.release(4.5, now_s=0.0)
+    for _ in range(4):
+        assert limiter.try_acquire(1, now_s=0.0)
+    assert not limiter.try_acquire(1, now_s=0.0)  # whole slots: the limit, as without a budget
+    limiter.set_limit(4, 0.0, budget=9.0)
+    assert limiter.budget < 5
+    limiter.set_limit(4, 0.0, budget=2.0)
+    assert limiter.budget == 4
+    limiter.set_limit(3, 0.0)
+    assert limiter.budget == 3

@@ -195,12 +195,15 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
 def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     """Three requests weighed one slot each; then the readings weigh the heavy route four times the
     light one. One of them runs out of memory: the level that did not fit is what they are worth now
-    (2 + 2 + 0.5 slots), not the three slots they took, which barred a level the model knows fits."""
+    (2 + 2 + 0.5 slots), not the three slots they took, which barred a level the model knows fits;
+    and it is weaker evidence, as an OOM the app caught, for what ran when it allocated was weighed
+    otherwise."""
     now = [0.0]
     controller = AIMD()
     levels: list[float] = []
-    on_oom = controller.on_oom
-    controller.on_oom = lambda **told: (levels.append(told["in_flight"]), on_oom(**told))[-1]  # type: ignore[method-assign]
+    weak = controller.on_swallowed_oom
+    controller.on_oom = lambda **told: levels.append(-1)  # type: ignore[method-assign]
+    controller.on_swallowed_oom = lambda **told: (levels.append(told["in_flight"]), weak(**told))[-1]  # type: ignore[method-assign]
     core = core_with(controller, now)
     tickets = []
     for route in ("/heavy", "/heavy", "/light"):

@@ -39,7 +39,8 @@ MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is 
 class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
-    `allocation_failed(nbytes, units)`."""
+    `allocation_failed(nbytes, units)`, and the property `budget` (the slots requests that weigh
+    fractions of one may fill, from the limit to under the next whole slot)."""
 
     @property
     def limit(self) -> int: ...
@@ -187,6 +188,19 @@ class AIMD(_Bounds):
     @property
     def reason(self) -> str:
         return self._reason
+
+    @property
+    def budget(self) -> float:
+        """Optional in the protocol: the slots requests that weigh fractions of one may fill. Where
+        the model alone sets the limit (one size per slot, no OOM bar), the room it reads, 4.7 slots
+        where the limit shows 4: with route weights a slot is the mean request, and a floor to whole
+        ones left up to one of them idle. Elsewhere the limit."""
+        room = self.memory.room()
+        if room is None or self.memory.is_mix() or self._wanted() != (self._limit, "memory"):
+            return float(self._limit)
+        if math.floor(room + 1e-6) != self._limit:
+            return float(self._limit)  # held lower (growing at most twofold a reading, the bounds)
+        return room
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
         self._bind_bounds(min_limit, max_limit)

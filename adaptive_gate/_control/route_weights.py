@@ -127,15 +127,10 @@ class RouteWeights:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        solution = _least_squares(design, used)
+        solution = _trimmed_fit(design, used)
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
-        if min(bytes_per_unit) <= 0:
-            return False
-        residual_sq = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / len(rows)
-        if residual_sq > (0.25 * min(bytes_per_unit)) ** 2:
-            return False
         routes = {c: r for r, c in self._columns.items() if c in columns}
         if len(routes) < 2:
             return False  # one route beside the others' column: nothing to weigh against
@@ -162,6 +157,28 @@ class RouteWeights:
             self.by_route[routes[c]] = new[c]
         self._recent.clear()  # readings weighed with the old weights would bend the next fit
         return True
+
+
+def _trimmed_fit(design: list[list[float]], used: list[float]) -> list[float] | None:
+    """The least-squares solution, where it explains the readings: each route's bytes positive, and
+    the readings within a quarter of the lightest route's bytes of it, in the mean. Where they are
+    not, once more without the quarter of the readings that stray most: readings of requests that
+    ran out of memory, or were admitted and had not allocated yet, hold less than their slots say,
+    and a mix that runs out now and then (the very mix weights would stop) never had a clean window."""
+    for attempt in range(2):
+        solution = _least_squares(design, used)
+        if solution is None or min(solution[1:]) <= 0:
+            return None
+        errors = [(y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]
+        tolerance_sq = (0.25 * min(solution[1:])) ** 2
+        if sum(errors) / len(errors) <= tolerance_sq:
+            return solution
+        if attempt == 0:
+            kept = sorted(range(len(errors)), key=errors.__getitem__)[: len(errors) - len(errors) // 4]
+            design, used = [design[i] for i in kept], [used[i] for i in kept]
+            if any(not _varies([row[c] for row in design]) for c in range(1, len(design[0]))):
+                return None
+    return None
 
 
 def _varies(values: list[float]) -> bool:

@@ -229,12 +229,19 @@ class GateCore(CoreSnapshot):
             # The level that ran out: as many as ran when it came in (its allocation may have failed
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)
-            if self.route_weights is not None and limiter.in_flight > 0:
-                # In the slots of the weights of now: requests weighed before the weights last changed
-                # (those that waited in the line meanwhile) hold the slots of then, and a large one that
-                # took one slot where it now takes two made a level that ran out look smaller than it was.
-                level *= self.route_weights.slots(self.requests_by_route) / limiter.in_flight
-            self.controller.on_oom(now_s=now_s, epoch=ticket.epoch, in_flight=level)
+            told = self.controller.on_oom
+            worth_now = (
+                limiter.in_flight if self.route_weights is None else self.route_weights.slots(self.requests_by_route)
+            )
+            if abs(worth_now - limiter.in_flight) > 0.01 * limiter.in_flight:
+                # Some in flight were weighed before the route weights last changed (those that waited
+                # in the line meanwhile) and hold the slots of then: a large one that took one slot where
+                # it now takes two made the level look smaller than it was. Counted in the slots of now,
+                # and weaker evidence (as an OOM the app caught), for what ran when it allocated is not
+                # what runs now.
+                level *= worth_now / limiter.in_flight
+                told = getattr(self.controller, "on_swallowed_oom", told)
+            told(now_s=now_s, epoch=ticket.epoch, in_flight=level)
             self._apply_limit(now_s)
         return too_large
 
@@ -345,14 +352,19 @@ class GateCore(CoreSnapshot):
 
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
+        budget: float | None = getattr(self.controller, "budget", None)  # optional in the protocol
         operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
+            budget = None
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
-        old_limit = self.limiter.limit
+        limiter = self.limiter
+        old_limit = limiter.limit
         if new_limit == old_limit:
+            if budget is not None and budget != limiter.budget:
+                limiter.set_limit(new_limit, now_s, budget=budget)
             return
-        self.limiter.set_limit(new_limit, now_s)
+        limiter.set_limit(new_limit, now_s, budget=budget)
         if new_limit > old_limit:
             self.counters.limit_increases += 1
         else:

@@ -57,6 +57,9 @@ class LimiterStatistics:
     max_queue: int
 
 
+MAX_PART = 63 / 64  # the most of one slot a budget adds to the limit (costs are counted in 64ths)
+
+
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, got {type(limit).__name__}")
@@ -77,6 +80,7 @@ class Limiter:
         """`clock` is read only for use on its own (`acquire`, and `release` or a new `limit` given no
         time): the bookkeeping is told the time."""
         self._limit = _check_limit(limit)
+        self._budget = float(self._limit)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int):
             raise TypeError(f"max_queue must be an int, got {type(max_queue).__name__}")
         if max_queue < 0:
@@ -99,9 +103,19 @@ class Limiter:
         """For the limiter on its own: `set_limit` at its clock's now."""
         self.set_limit(value, self._clock())
 
-    def set_limit(self, value: int, now_s: float) -> None:
-        """A new limit at `now_s`: a higher one lets the line in at once; a lower one pre-empts nobody."""
+    @property
+    def budget(self) -> float:
+        """The slots requests may fill: the limit, or up to a slot more where requests weigh fractions
+        of one (`set_limit`)."""
+        return self._budget
+
+    def set_limit(self, value: int, now_s: float, *, budget: float | None = None) -> None:
+        """A new limit at `now_s`: a higher one lets the line in at once; a lower one pre-empts nobody.
+        `budget`: the slots requests that weigh fractions of one (route weights, `cost`) may fill, where
+        the card has room for part of a slot more than the limit (4.7 slots, where the limit shows 4);
+        kept under the next whole slot, so that requests of one slot see the limit alone."""
         self._limit = _check_limit(value)
+        self._budget = float(self._limit) if budget is None else min(max(budget, self._limit), self._limit + MAX_PART)
         self._hand_over(now_s)
 
     @property
@@ -139,7 +153,7 @@ class Limiter:
         """`try_acquire` at `now_s`: the busy area then (with these slots taken), or None when they
         are not free."""
         in_flight = self._in_flight
-        if self._waiters or (in_flight + units > self._limit and in_flight > 0):
+        if self._waiters or (in_flight + units > self._budget and in_flight > 0):
             return None
         # _set_in_flight, written out: this is every request's path
         self._busy_area += in_flight * (now_s - self._busy_since_s)
@@ -204,7 +218,7 @@ class Limiter:
 
     def _hand_over(self, now_s: float) -> None:
         waiters = self._waiters
-        while waiters and self._in_flight < self._limit:
+        while waiters and self._in_flight < self._budget:
             waiter = waiters.peek_next(now_s)
             if now_s > waiter.latest_start_s:
                 # It could no longer finish before its deadline: the slot goes to the next one, not
@@ -212,7 +226,7 @@ class Limiter:
                 waiters.pop_next(now_s)
                 waiter._refuse(Reason.DEADLINE)
                 continue
-            if self._in_flight + waiter.units > self._limit and self._in_flight > 0:
+            if self._in_flight + waiter.units > self._budget and self._in_flight > 0:
                 return  # its units do not fit yet: it keeps its place, and nobody overtakes it
             waiters.pop_next(now_s)
             self._set_in_flight(self._in_flight + waiter.units, now_s)
