@@ -66,6 +66,14 @@ class _OneOomPerPileUp(AIMD):
         pass
 
 
+class _WholeSlots(AIMD):
+    """Requests that weigh part of a slot fill the limit and no more: the room's part of a slot idles."""
+
+    @property
+    def budget(self) -> float:
+        return float(self.limit)
+
+
 VARIANTS: dict[str, Callable[[], AIMD]] = {
     "full": AIMD,
     "no OOM bars": without_oom_bars,
@@ -73,6 +81,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no allocation sizes": without_allocation_sizes,
     "no twofold growth": without_twofold_growth,
     "one OOM per pile-up": _OneOomPerPileUp,
+    "whole slots": _WholeSlots,
 }
 
 
