@@ -1,0 +1,148 @@
+"""`python -m benchmarks.unseen`: the targets on scenarios nobody tuned the controller on.
+
+Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a request size and what
+changes: a neighbour that comes and goes (greedy or not, one or two), inputs that grow or shrink,
+or a mix of two sizes told through `cost` or on two routes. It runs the default gate and the reader
+side by side on virtual time, and flags a run that misses a target: below 0.95 of the reader, more
+OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
+while the weights are learnt), or more than a second back to the fit after a neighbour left.
+
+Nothing here is tuned to: the draw is the point. Prints one line a run and the misses at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable
+
+from adaptive_gate.control import AIMD
+
+from .model import GiB, Phase, Scenario, Size
+from .virtual import one_run, reader_run, recovery_s, row
+
+FAMILIES = {
+    "neighbours": ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"],
+    "mixes": ["mix-cost", "mix-routes"],
+}
+LOADS = ["2x", "closed-32"]
+DURATION_S = 60.0
+
+
+def _fitting(room: int, fit: int, rng: random.Random) -> int:
+    """A request size of which `fit` fit in `room`, with a random part of one to spare."""
+    return int(room / (fit + rng.uniform(0.05, 0.95)))
+
+
+def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random], int]:
+    def draw(rng: random.Random) -> int:
+        return large if rng.random() < share else small
+
+    return draw
+
+
+def draw(seed: int, kinds: list[str]) -> Scenario:
+    rng = random.Random(seed)
+    total = rng.choice([16, 24, 40, 48, 80]) * GiB
+    weights = int(total * rng.uniform(0.1, 0.5))
+    room = total - weights
+    kind = rng.choice(kinds)
+    work_s = rng.choice([0.05, 0.1, 0.2])
+    crash_s = rng.choice([0.0, 1.0])
+    fit = rng.randint(2, 10)
+    size = _fitting(room, fit, rng)
+    cost: Callable[[int], float] | None = None
+    route: Callable[[int], str] | None = None
+    if kind in ("neighbour", "greedy"):
+        left = rng.randint(1, max(1, fit - 1))
+        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        step = GiB // 2 if kind == "greedy" else 0
+        phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), neighbour, step), Phase(2 / 3, Size(size))]
+    elif kind == "neighbour2":
+        first, second = int(room * rng.uniform(0.1, 0.4)), int(room * rng.uniform(0.2, 0.6))
+        phases = [
+            Phase(0.0, Size(size)),
+            Phase(0.25, Size(size), first),
+            Phase(0.5, Size(size), second),
+            Phase(0.75, Size(size)),
+        ]
+    elif kind == "nearly-all":  # a neighbour leaves room for one and a half requests
+        phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), room - int(size * 1.5)), Phase(2 / 3, Size(size))]
+    elif kind in ("growth", "shrink"):
+        other = _fitting(room, rng.randint(1, max(1, fit - 1)), rng)
+        before, after = (size, other) if kind == "growth" else (other, size)
+        phases = [Phase(0.0, Size(before)), Phase(0.5, Size(after))]
+    elif kind in ("mix-cost", "mix-routes"):
+        small = int(room / (rng.randint(6, 16) + 0.5))
+        large = small * rng.choice([2, 3, 4, 8])
+        share = rng.choice([0.1, 0.25, 0.5])
+        phases = [Phase(0.0, _two_sizes(small, large, share))]
+        fit = max(1, round(room / (small * (1 - share) + large * share)))
+        crash_s = 0.0
+        if kind == "mix-cost":
+            cost = lambda nbytes, small=small: nbytes / small  # noqa: E731
+        else:
+            route = lambda nbytes, small=small: "/infer/large" if nbytes > small else "/infer"  # noqa: E731
+    else:
+        phases = [Phase(0.0, Size(size))]
+    return Scenario(
+        f"{kind}-{seed}",
+        f"{total / GiB:.0f} GiB card, {weights / GiB:.1f} GiB of weights, about {fit} fit, "
+        f"{work_s:g} s a request, OOMs {'crash for 1 s' if crash_s else 'do not crash'}",
+        phases,
+        total_bytes=total,
+        weights_bytes=weights,
+        work_s=work_s,
+        capacity_per_s=min(fit, 6) / work_s,
+        crash_s=crash_s,
+        cost=cost,
+        route=route,
+    )
+
+
+def misses(scenario: Scenario, load: str) -> tuple[str, list[str]]:
+    """One run of the gate and the reader: its line, and the targets it missed."""
+    adaptive = one_run(scenario, AIMD(), load, DURATION_S, 1, cost=scenario.cost)
+    reader = reader_run(scenario, load, DURATION_S, 1)
+    ours, theirs = row("adaptive", adaptive, recovery_s(scenario, adaptive, DURATION_S)), row("reader", reader)
+    ratio = ours.goodput_per_s / max(theirs.goodput_per_s, 1e-9)
+    ooms = ours.ooms - ours.too_large
+    allowed: float = theirs.ooms - theirs.too_large + len(scenario.phases) - 1
+    if scenario.route is not None:
+        allowed += 0.02 * ours.goodput_per_s * DURATION_S
+    missed = [
+        name
+        for name, miss in [
+            ("ratio", ratio < 0.95),
+            ("ooms", ooms > allowed),
+            ("recovery", ours.recovery_s is not None and ours.recovery_s > 1.0),
+        ]
+        if miss
+    ]
+    line = (
+        f"{scenario.name:16s} {load:9s} {ratio:5.2f} of the reader, OOMs {ooms} ({theirs.ooms - theirs.too_large}), "
+        f"back in {ours.recovery_s} s  {' '.join(missed)}  [{scenario.description}]"
+    )
+    return line, missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.unseen", description=__doc__)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="neighbours")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=60, help="how many seeds (default 60)")
+    args = parser.parse_args()
+    missed_runs = 0
+    runs = 0
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        scenario = draw(seed, FAMILIES[args.family])
+        for load in LOADS:
+            line, missed = misses(scenario, load)
+            print(line, flush=True)
+            runs += 1
+            missed_runs += bool(missed)
+    print(f"{missed_runs} of {runs} runs missed a target")
+
+
+if __name__ == "__main__":
+    main()
