@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from adaptive_gate import AIMD, Fixed
 from adaptive_gate._control.route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
+from adaptive_gate._gate.operator import OperatorBounds
 from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.memory import MemorySample
 
@@ -254,3 +255,20 @@ def test_a_change_of_units_restarts_the_memory_models_line() -> None:
     estimate = model.estimate()
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(1.6 * GiB, rel=0.01)
     assert estimate.baseline_bytes == pytest.approx(BASELINE, rel=0.01)
+
+
+def test_a_budget_goes_no_further_than_an_operators_bound() -> None:
+    """The model reads room for 4.7 slots; an operator who caps the gate at 4 gets 4 slots at most,
+    not 4.7: a bound set by hand is whole slots."""
+
+    class Roomy(Fixed):
+        budget = 4.7
+
+    now = [0.0]
+    core = core_with(Roomy(4), now)
+    core.set_operator(None, 0.0)  # the gate applies what its controller says
+    assert core.limiter.limit == 4 and core.limiter.budget == 4.7
+    core.set_operator(OperatorBounds(1, 4), 0.0)
+    assert core.limiter.limit == 4 and core.limiter.budget == 4
+    core.set_operator(None, 0.0)
+    assert core.limiter.budget == 4.7

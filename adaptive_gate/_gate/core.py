@@ -25,7 +25,7 @@ from ..memory import MemorySample
 from .accounts import ClassCounts, ServiceEstimates
 from .admission import OVERLOAD_MODES, DrainRate, queue_up
 from .figures import BucketCounts, Counters, RecentValues
-from .limiter import Limiter, Waiter
+from .limiter import Limiter, Waiter, budget_of
 from .operator import OperatorBounds
 from .overload import OverloadDetector
 from .queue import FairLine, FifoLine
@@ -356,12 +356,13 @@ class GateCore(CoreSnapshot):
         operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
-            budget = None
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
+        if operator is not None and new_limit >= operator.max_limit:
+            budget = None  # an operator's bound is whole slots: no part of one past it
         limiter = self.limiter
         old_limit = limiter.limit
         if new_limit == old_limit:
-            if budget is not None and budget != limiter.budget:
+            if limiter.budget != budget_of(new_limit, budget):
                 limiter.set_limit(new_limit, now_s, budget=budget)
             return
         limiter.set_limit(new_limit, now_s, budget=budget)

@@ -60,6 +60,11 @@ class LimiterStatistics:
 MAX_PART = 63 / 64  # the most of one slot a budget adds to the limit (costs are counted in 64ths)
 
 
+def budget_of(limit: int, budget: float | None) -> float:
+    """The budget a limiter keeps for `limit` and a `budget` asked for (`Limiter.set_limit`)."""
+    return float(limit) if budget is None else min(max(budget, limit), limit + MAX_PART)
+
+
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, got {type(limit).__name__}")
@@ -115,7 +120,7 @@ class Limiter:
         the card has room for part of a slot more than the limit (4.7 slots, where the limit shows 4);
         kept under the next whole slot, so that requests of one slot see the limit alone."""
         self._limit = _check_limit(value)
-        self._budget = float(self._limit) if budget is None else min(max(budget, self._limit), self._limit + MAX_PART)
+        self._budget = budget_of(self._limit, budget)
         self._hand_over(now_s)
 
     @property
