@@ -377,3 +377,36 @@ def test_a_budget_lets_requests_that_weigh_fractions_fill_part_of_a_slot_more() 
     assert limiter.budget == 4
     limiter.set_limit(3, 0.0)
     assert limiter.budget == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("take"), st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0])),
+            st.tuples(st.just("release"), st.integers(min_value=0, max_value=20)),
+            st.tuples(st.just("limit"), st.integers(min_value=1, max_value=5), st.floats(0.0, 8.0)),
+        ),
+        max_size=60,
+    )
+)
+def test_requests_of_any_weight_fill_the_budget_and_no_more(steps: list[tuple]) -> None:  # type: ignore[type-arg]
+    """Takes of any weight, releases and new limits with budgets, in any order: the slots held are
+    the sum of what was taken and not given back, never past the budget unless one request runs
+    alone, and the budget stays within a slot of the limit."""
+    limiter = Limiter(2, max_queue=0)
+    held: list[float] = []
+    for step in steps:
+        if step[0] == "take":
+            alone = not held
+            if limiter.try_acquire(step[1], now_s=0.0):
+                held.append(step[1])
+                assert alone or sum(held) <= limiter.budget + 1e-9
+            else:
+                assert held and sum(held) + step[1] > limiter.budget
+        elif step[0] == "release" and held:
+            limiter.release(held.pop(step[1] % len(held)), now_s=0.0)
+        elif step[0] == "limit":
+            limiter.set_limit(step[1], 0.0, budget=step[2])
+            assert limiter.limit <= limiter.budget < limiter.limit + 1
+        assert limiter.in_flight == pytest.approx(sum(held))
