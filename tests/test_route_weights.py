@@ -268,6 +268,7 @@ def test_a_budget_goes_no_further_than_an_operators_bound() -> None:
     core = core_with(Roomy(4), now)
     core.set_operator(None, 0.0)  # the gate applies what its controller says
     assert core.limiter.limit == 4 and core.limiter.budget == 4.7
+    assert core.statistics(0.0).budget == 4.7  # shown in the status beside the limit
     core.set_operator(OperatorBounds(1, 4), 0.0)
     assert core.limiter.limit == 4 and core.limiter.budget == 4
     core.set_operator(None, 0.0)

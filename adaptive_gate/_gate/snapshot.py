@@ -44,6 +44,7 @@ class CoreSnapshot(CoreAnswers):
         return GateStatistics(
             limit=limiter.limit,
             in_flight=limiter.in_flight,
+            budget=self.limiter.budget,
             queued=limiter.queued,
             max_queue=limiter.max_queue,
             min_limit=min_limit,

@@ -73,6 +73,7 @@ class GateStatistics:
 
     limit: int
     in_flight: float
+    budget: float  # the slots requests that weigh part of one may fill (`Limiter.budget`)
     queued: int
     max_queue: int
     min_limit: int

@@ -17,6 +17,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
     return {
         "limit": stats.limit,
         "in_flight": stats.in_flight,
+        "budget": round(stats.budget, 3),
         "queued": stats.queued,
         "min_limit": stats.min_limit,
         "max_limit": stats.max_limit,
