@@ -291,6 +291,25 @@ def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_l
     assert c.limit == 3 and c.budget == 3
 
 
+def test_a_line_that_puts_the_others_below_the_idle_card_is_no_line() -> None:
+    """Readings that caught a request admitted and not yet allocated (it holds nothing) at the low
+    levels tilt a line: 3.36 GiB a request beside 6.3 GiB of others, where the card held 8 GiB with
+    nothing of ours in flight. Our own weights are in those 8 GiB: the others hold no less, and the
+    line is refused. (In real time the tilted model left two of the three that fit beside a
+    neighbour.)"""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    levels = [1, 2, 3, 4, 5, 5, 5, 5]
+    for i in range(32):
+        n = levels[i % len(levels)]
+        hollow = 1 if n <= 2 and (i // len(levels)) % 2 == 0 else 0
+        memory.add(0.1 * (i + 1), n, int((8 + 3 * (n - hollow)) * GiB), TOTAL)
+    estimate = memory.estimate()
+    assert estimate is not None
+    assert estimate.baseline_bytes == pytest.approx(8 * GiB, rel=0.02)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.05)
+
+
 def test_a_swallowed_oom_is_weaker_evidence() -> None:
     c = AIMD()
     bound(c, initial=1)

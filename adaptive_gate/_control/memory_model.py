@@ -332,6 +332,12 @@ class MemoryModel:
         intercept = mean_y - slope * mean_x
         if intercept < 0:
             return False
+        if self._idle_floor is not None and intercept < self._idle_floor - 0.25 * slope:
+            # The others below what the card held with nothing of ours in flight, ever (our own weights
+            # are in it): the line is tilted by readings that caught requests admitted and not yet
+            # allocated, which hold nothing (a 3 GiB request read as 3.26 beside 6.6 GiB of others,
+            # where the card held 8 idle, left two of three that fit beside a neighbour).
+            return False
         residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in recent) / n
         # Through two neighbouring levels only, a line must be clean: through a mix's it points
         # anywhere at zero (8 GiB a request and nothing of the others', where 2.6 GiB and 8 GiB are).
