@@ -352,13 +352,13 @@ class GateCore(CoreSnapshot):
 
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
-        budget: float | None = getattr(self.controller, "budget", None)  # optional in the protocol
         operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
-        if operator is not None and new_limit >= operator.max_limit:
-            budget = None  # an operator's bound is whole slots: no part of one past it
+        budget: float | None = None  # an operator's bound is whole slots: no part of one past it
+        if operator is None or new_limit < operator.max_limit:
+            budget = getattr(self.controller, "budget", None)  # optional in the protocol
         limiter = self.limiter
         old_limit = limiter.limit
         if new_limit == old_limit:
