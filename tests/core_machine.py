@@ -96,6 +96,8 @@ class CoreMachine(RuleBasedStateMachine):
         low, high = self.core.bounds()
         assert low <= limiter.limit <= high and 1 <= limiter.limit <= 6
         assert not (self.waiting and limiter.in_flight < limiter.limit)  # nobody waits beside a free slot
+        # When each request in flight arrived is kept for exactly those in flight: none leaks.
+        assert sorted(self.core._arrived_s or {}) == sorted(ticket.serial for ticket in self.running)
 
     @invariant()
     def snapshot_is_consistent(self) -> None:

@@ -360,6 +360,47 @@ def test_an_allocation_beyond_one_size_says_the_inputs_grew() -> None:
     assert c.limit == 2 and c.describe()["oom"] is None
 
 
+def test_a_size_an_oom_named_holds_until_the_requests_read_arrived_after_it() -> None:
+    """Inputs grew from 3 to 6 GiB while requests of 3 waited in the line. After the OOM that named
+    6 GiB the line still serves them: their readings (2 x 3 GiB) say nothing of the new sizes, and
+    taken for a shrink they raised the limit back to five, where the next requests of 6 ran out
+    again (nine OOMs in ten seconds in real time). Once every request in flight arrived after the
+    OOM, the readings describe the new sizes, and a shrink they show is believed."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 4) + (5,) * 12)
+    assert not c.allocation_failed(6 * GiB, 1)
+    oom_s = now_s + 0.05
+    c.on_oom(now_s=oom_s, epoch=c.epoch, in_flight=5)
+    assert c.limit == 2
+    for i in range(20):  # two requests of 3 GiB that arrived before the OOM
+        c.oldest_in_flight(oom_s - 1.0)
+        c.on_sample(now_s=oom_s + 0.1 * (i + 1), sample=MemorySample(14 * GiB, TOTAL), in_flight=2)
+        assert c.limit == 2
+    now_s = oom_s + 2.1
+    c.oldest_in_flight(oom_s + 0.5)  # the first reading of requests that came after it: of 6 GiB
+    c.on_sample(now_s=now_s, sample=MemorySample(20 * GiB, TOTAL), in_flight=2)
+    assert c.limit == 2 and c.describe()["memory_model"]["per_request_bytes"] == 6 * GiB
+    for i in range(40):  # the new requests shrink to 3 GiB: believed, the level comes back
+        c.oldest_in_flight(now_s)
+        c.on_sample(now_s=now_s + 0.1 * (i + 1), sample=MemorySample(14 * GiB, TOTAL), in_flight=2)
+    assert c.limit == 5
+
+
+def test_without_requests_in_flight_a_size_an_oom_named_holds_as_any_other() -> None:
+    """Nothing in flight is nothing from before the OOM: the size it named is the model's, and the
+    readings move it as they move any."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 4) + (5,) * 12)
+    assert not c.allocation_failed(6 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=5)
+    c.oldest_in_flight(None)
+    c.on_sample(now_s=now_s + 0.1, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    assert c.memory.estimate() is not None and c.memory.estimate().per_request_bytes == 6 * GiB  # type: ignore[union-attr]
+    assert c.limit == 2
+
+
 def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefly() -> None:
     c = AIMD()
     bound(c, initial=1)

@@ -151,3 +151,70 @@ def test_a_reading_is_learned_beside_the_requests_in_flight_when_it_was_taken() 
     model = core.controller.describe()["memory_model"]
     assert model["baseline_bytes"] == 8 * GiB and model["per_request_bytes"] == 3 * GiB
     assert core.limiter.limit == 5  # five fit beside 8 GiB
+
+
+def test_the_controller_is_told_when_the_oldest_request_in_flight_arrived() -> None:
+    """Before each reading: the earliest arrival among the requests in flight, whether they walked
+    in or waited in the line (arrived when they joined it), and None once none runs."""
+    told: list[float | None] = []
+
+    class Listening(AIMD):
+        def oldest_in_flight(self, arrived_s: float | None) -> None:
+            told.append(arrived_s)
+            super().oldest_in_flight(arrived_s)
+
+    core = GateCore(Listening(), min_limit=1, max_limit=2, initial_limit=2, max_queue=8, max_retry_after_s=60)
+    reading = MemorySample(8 * GiB, 24 * GiB)
+    first = core.enter(30.0, 1, None, arrived_s=1.0, now_s=1.5)
+    second = core.enter(30.0, 1, None, arrived_s=2.0, now_s=2.0)
+    assert first is not None and second is not None
+    core.sample(reading, 3.0)
+    assert told[-1] == 1.0
+    waiter = core.arrive(30.0, now_s=2.5)  # both slots taken: it waits from 2.5
+    assert not isinstance(waiter, str) and waiter is not ADMITTED
+    core.release(first, 4.0, Outcome.COMPLETED)
+    third = core.admitted(4.0, 1.5)
+    core.sample(reading, 4.1)
+    assert told[-1] == 2.0
+    core.release(second, 5.0, Outcome.OOM)
+    core.sample(reading, 5.1)
+    assert told[-1] == 2.5
+    core.release(third, 6.0, Outcome.FAILED)
+    core.sample(reading, 6.1)
+    assert told[-1] is None
+    # Where several routes are gated, a slot's bytes are the weights': nothing is held from before.
+    for route in ("/infer", "/infer/large"):
+        assert core.enter(30.0, 1, route, arrived_s=7.0, now_s=7.0) is not None
+    core.sample(reading, 7.1)
+    assert told[-1] is None
+
+
+def test_a_controller_that_does_not_ask_keeps_no_arrivals() -> None:
+    from adaptive_gate import Fixed
+
+    core = GateCore(Fixed(2), min_limit=1, max_limit=2, initial_limit=2, max_queue=8, max_retry_after_s=60)
+    ticket = core.enter(30.0, 1, None, arrived_s=1.0, now_s=1.0)
+    assert ticket is not None and core._arrived_s is None
+
+
+def test_an_oom_alone_teaches_nothing_not_even_to_the_next_oom() -> None:
+    """A request that ran out alone is too large, whatever it asked for: the model keeps its size,
+    and the allocation it named is not taken for the next OOM's (which named none)."""
+    from adaptive_gate.core import InFlight
+
+    core = GateCore(AIMD(), min_limit=1, max_limit=16, initial_limit=1, max_queue=8, max_retry_after_s=60)
+    now_s = 0.0
+    core.sample(MemorySample(8 * GiB, 24 * GiB), now_s, InFlight(0.0, {}))
+    for n in (1, 2, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5):
+        now_s += 0.1
+        core.sample(MemorySample((8 + 3 * n) * GiB, 24 * GiB), now_s, InFlight(float(n), {}))
+    assert core.limiter.limit == 5
+    alone = core.enter(30.0, 1, None, arrived_s=now_s, now_s=now_s)
+    assert alone is not None
+    assert core.oom(alone, now_s, tried_bytes=6 * GiB) is True
+    core.release(alone, now_s, Outcome.OOM)
+    assert core.controller.describe()["memory_model"]["per_request_bytes"] == 3 * GiB
+    tickets = [core.enter(30.0, 1, None, arrived_s=now_s, now_s=now_s) for _ in range(5)]
+    assert all(ticket is not None for ticket in tickets)
+    assert core.oom(tickets[0], now_s + 0.01) is False  # five of 3 GiB did not fit: that level is barred
+    assert core.limiter.limit == 4

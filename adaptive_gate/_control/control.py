@@ -39,8 +39,9 @@ MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is 
 class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
-    `allocation_failed(nbytes, units)`, and the property `budget` (the slots requests that weigh
-    fractions of one may fill, from the limit to under the next whole slot)."""
+    `allocation_failed(nbytes, units)`, `oldest_in_flight(arrived_s)` (before each reading: when the
+    oldest request in flight arrived, None when none runs), and the property `budget` (the slots
+    requests that weigh fractions of one may fill, from the limit to under the next whole slot)."""
 
     @property
     def limit(self) -> int: ...
@@ -169,9 +170,8 @@ class AIMD(_Bounds):
         self._hold_s = self.oom_hold_s
         self._last_oom_s = -math.inf
         self.ooms_seen = 0
-        # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes, units, and
-        # whether the model took it for a change of sizes
-        self._allocation: tuple[float, float, bool] | None = None
+        # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
+        self._allocation: tuple[float, float] | None = None
         # The last correction's pile-up, while its OOMs come in: the level then, and how many ran out
         self._pile: tuple[int, int] | None = None
 
@@ -232,7 +232,7 @@ class AIMD(_Bounds):
         level = max(self.min_limit + 1, math.ceil(in_flight))
         if self._reads_memory():
             allocation, self._allocation = self._allocation, None
-            learned = allocation is not None and allocation[2]
+            learned = allocation is not None and self.memory.learn_size(allocation[0], allocation[1], now_s)
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
             mix = self.memory.is_mix()
             if epoch is not None and epoch < self._epoch:
@@ -287,13 +287,18 @@ class AIMD(_Bounds):
     def allocation_failed(self, nbytes: float, units: float) -> bool:
         """Optional in the protocol, called before `on_oom`: the OOM of a request of `units` named
         the allocation of `nbytes` that failed. True where it never fits (`too_large`: no `on_oom`
-        follows). Else the model learns from its size (`MemoryModel.learn_size`), and the `on_oom`
-        that follows bars no level where that size alone explains it."""
+        follows). Else the `on_oom` that follows teaches the model its size (`MemoryModel.learn_size`),
+        and bars no level where that size alone explains it."""
         if self.memory.never_fits(nbytes):
             return True
-        # Kept for the `on_oom` that follows, with whether the model took it for a change of sizes.
-        self._allocation = (nbytes, units, self.memory.learn_size(nbytes, units))
+        self._allocation = (nbytes, units)  # for the `on_oom` that follows, which carries the time
         return False
+
+    def oldest_in_flight(self, arrived_s: float | None) -> None:
+        """Optional in the protocol, before each reading: when the oldest request in flight arrived
+        (None: none runs). The model keeps a size an OOM named until every request it reads came
+        after that OOM (`MemoryModel.oldest_in_flight`)."""
+        self.memory.oldest_in_flight(arrived_s)
 
     def units_changed(self) -> None:
         """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a

@@ -117,6 +117,9 @@ class MemoryModel:
         self.samples = 0
         self.busy_samples = 0
         self.ooms = OomStates()
+        # A size an OOM named (`learn_size`) and when: a request holds at least that much while
+        # requests that arrived before it run, which may be of the sizes from before.
+        self._size_floor: tuple[float, float] | None = None
 
     @property
     def learning(self) -> bool:
@@ -353,7 +356,9 @@ class MemoryModel:
     def estimate(self) -> MemoryEstimate | None:
         if self._per_request is None or self._baseline is None:
             return None
-        return MemoryEstimate(self._baseline, self._per_request, self._total_bytes, math.sqrt(self._spread_sq))
+        floor = self._size_floor
+        per_request = self._per_request if floor is None else max(self._per_request, floor[0])
+        return MemoryEstimate(self._baseline, per_request, self._total_bytes, math.sqrt(self._spread_sq))
 
     def room(self) -> float | None:
         """How many requests of the mean size the card has room for under target, as a fraction."""
@@ -404,11 +409,12 @@ class MemoryModel:
         return est is not None and nbytes > est.total_bytes - est.baseline_bytes
         return False
 
-    def learn_size(self, nbytes: float, units: float = 1) -> bool:
-        """An allocation of `nbytes` failed in a request of `units`. Where the requests were of one
-        size since the card last changed and this is beyond it (three spreads above the mean), sizes
-        changed (inputs grew): a request is believed to hold at least that much from now on, before
-        any reading shows it (True). In a mix, a large one failing says nothing new about the sizes."""
+    def learn_size(self, nbytes: float, units: float = 1, now_s: float = math.inf) -> bool:
+        """An allocation of `nbytes` failed in a request of `units` at `now_s`. Where the requests
+        were of one size since the card last changed and this is beyond it (three spreads above the
+        mean), sizes changed (inputs grew): a request is believed to hold at least that much from
+        now on, before any reading shows it (True), and until every request in flight arrived after
+        it (`oldest_in_flight`). In a mix, a large one failing says nothing new about the sizes."""
         est = self.estimate()
         if est is None:
             return False
@@ -416,9 +422,22 @@ class MemoryModel:
         uniform = self._since_shrink >= SETTLED_READINGS and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
         if uniform and per_unit > est.per_request_bytes + 3 * est.spread_bytes:
             self._per_request = per_unit
+            self._size_floor = (per_unit, now_s)
             self._sizes_changed()  # readings from before were of smaller requests
             return True
         return False
+
+    def oldest_in_flight(self, arrived_s: float | None) -> None:
+        """When the oldest request in flight arrived (None: none runs), before a reading. Requests
+        that arrived before an OOM named a larger size may be of the sizes from before (waiting in
+        the line when inputs grew): readings of them would bring the size back down, the limit up,
+        and the next requests of the new size to another OOM. So the size named holds until every
+        request in flight arrived after it; from then on the readings describe the new sizes."""
+        floor = self._size_floor
+        if floor is not None and (arrived_s is None or arrived_s >= floor[1]):
+            self._size_floor = None
+            if self._per_request is not None:
+                self._per_request = max(self._per_request, floor[0])
 
     def explained_by_size(self, level: float, nbytes: float, units: float = 1) -> bool:
         """Whether `level` units in flight, one request of `units` among them asking for `nbytes`,

@@ -97,6 +97,11 @@ class GateCore(CoreSnapshot):
         self._random = random.Random(seed)
         self._swallowed = SwallowedOoms()
         self._probe_oom_epoch = 0
+        # When each request in flight arrived, by its ticket's serial, for a controller that asks
+        # (`oldest_in_flight`, optional in the protocol, told before each reading); None: nobody
+        # asks, nothing is kept.
+        self._oldest_told = getattr(controller, "oldest_in_flight", None)
+        self._arrived_s: dict[int, float] | None = None if self._oldest_told is None else {}
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class GateCore(CoreSnapshot):
             self.queue_wait_s.add_zero()
         else:
             self.queue_wait_s.add(now_s - arrived_s)
-        return self._hold(now_s, busy_area, units, route)
+        return self._hold(now_s, busy_area, units, route, arrived_s)
 
     def weigh(self, route: object, units: float) -> float:
         """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
@@ -162,9 +167,9 @@ class GateCore(CoreSnapshot):
     def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
         self.queue_wait_s.add(waited_s)
-        return self._hold(now_s, self.limiter.busy_area(now_s), units, route)
+        return self._hold(now_s, self.limiter.busy_area(now_s), units, route, now_s - waited_s)
 
-    def _hold(self, now_s: float, busy_area: float, units: float, route: object) -> Ticket:
+    def _hold(self, now_s: float, busy_area: float, units: float, route: object, arrived_s: float) -> Ticket:
         """The ticket of a request holding its slots from `now_s` (the busy area then), counted, and
         counted in flight for its route (`RouteWeights`) in requests, as it will be given back."""
         counters = self.counters
@@ -174,6 +179,8 @@ class GateCore(CoreSnapshot):
         if weights is not None:  # only a controller that learns memory weighs routes, from these
             requests = weights.requests(route, units)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
+        if self._arrived_s is not None:
+            self._arrived_s[counters.admitted] = arrived_s
         in_flight = self.limiter.in_flight
         return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests)
 
@@ -187,6 +194,8 @@ class GateCore(CoreSnapshot):
         busy_area = limiter.release(ticket.units, now_s=now_s)
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
+        if self._arrived_s is not None:
+            self._arrived_s.pop(ticket.serial, None)
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -221,8 +230,9 @@ class GateCore(CoreSnapshot):
         )
         allocation_failed = getattr(self.controller, "allocation_failed", None)  # optional in the protocol
         too_large = alone
-        if tried_bytes is not None and allocation_failed is not None:
-            too_large = allocation_failed(tried_bytes, ticket.units) or alone
+        if not alone and tried_bytes is not None and allocation_failed is not None:
+            # Told only where an `on_oom` may follow: the allocation is that one's.
+            too_large = allocation_failed(tried_bytes, ticket.units)
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()
         if not too_large:  # one request that does not fit even alone: cutting would only starve the others
@@ -303,6 +313,11 @@ class GateCore(CoreSnapshot):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
+        if self._oldest_told is not None and self._arrived_s is not None:
+            # Where several routes are gated, a slot's bytes are their weights' (`RouteWeights`), and
+            # what one request asked for says little of another route's: nothing is held from before.
+            several = len(self.requests_by_route) > 1
+            self._oldest_told(None if several else min(self._arrived_s.values(), default=None))
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)
