@@ -40,8 +40,9 @@ class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
     `allocation_failed(nbytes, units)`, `oldest_in_flight(arrived_s)` (before each reading: when the
-    oldest request in flight arrived, None when none runs), and the property `budget` (the slots
-    requests that weigh fractions of one may fill, from the limit to under the next whole slot)."""
+    oldest request in flight arrived; None when none runs, or where several routes are gated), and
+    the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
+    to under the next whole slot)."""
 
     @property
     def limit(self) -> int: ...
@@ -296,8 +297,9 @@ class AIMD(_Bounds):
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """Optional in the protocol, before each reading: when the oldest request in flight arrived
-        (None: none runs). The model keeps a size an OOM named until every request it reads came
-        after that OOM (`MemoryModel.oldest_in_flight`)."""
+        (None: none runs, or several routes are gated, where a slot's bytes are the weights'). The
+        model keeps a size an OOM named until every request it reads came after that OOM
+        (`MemoryModel.oldest_in_flight`)."""
         self.memory.oldest_in_flight(arrived_s)
 
     def units_changed(self) -> None:

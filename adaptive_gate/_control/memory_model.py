@@ -428,11 +428,12 @@ class MemoryModel:
         return False
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
-        """When the oldest request in flight arrived (None: none runs), before a reading. Requests
-        that arrived before an OOM named a larger size may be of the sizes from before (waiting in
-        the line when inputs grew): readings of them would bring the size back down, the limit up,
-        and the next requests of the new size to another OOM. So the size named holds until every
-        request in flight arrived after it; from then on the readings describe the new sizes."""
+        """When the oldest request in flight arrived (None: none that could be from before), before a
+        reading. Requests that arrived before an OOM named a larger size may be of the sizes from
+        before (waiting in the line when inputs grew): readings of them would bring the size back
+        down, the limit up, and the next requests of the new size to another OOM. So the size named
+        holds until every request in flight arrived after it; from then on the readings describe the
+        new sizes."""
         floor = self._size_floor
         if floor is not None and (arrived_s is None or arrived_s >= floor[1]):
             self._size_floor = None
