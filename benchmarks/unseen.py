@@ -3,7 +3,8 @@
 Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a request size and what
 changes: a neighbour that comes and goes (greedy or not, one or two), inputs that grow or shrink,
 or a mix of two sizes told through `cost` or on two routes. It runs the default gate and the reader
-side by side on virtual time, and flags a run that misses a target: below 0.95 of the reader, more
+side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed loop, or the
+`--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
 while the weights are learnt), or more than a second back to the fit after a neighbour left.
 
@@ -19,13 +20,14 @@ from collections.abc import Callable
 from adaptive_gate.control import AIMD
 
 from .model import GiB, Phase, Scenario, Size
+from .scenarios import LOADS as ALL_LOADS
 from .virtual import one_run, reader_run, recovery_s, row
 
 FAMILIES = {
     "neighbours": ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"],
     "mixes": ["mix-cost", "mix-routes"],
 }
-LOADS = ["2x", "closed-32"]
+LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
 DURATION_S = 60.0
 
 
@@ -131,12 +133,18 @@ def main() -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="neighbours")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=60, help="how many seeds (default 60)")
+    known = ", ".join(ALL_LOADS)
+    parser.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated, of {known} (default %(default)s)")
     args = parser.parse_args()
+    loads = args.loads.split(",")
+    unknown = [load for load in loads if load not in ALL_LOADS]
+    if unknown:
+        parser.error(f"unknown load {', '.join(unknown)}: choose among {', '.join(ALL_LOADS)}")
     missed_runs = 0
     runs = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         scenario = draw(seed, FAMILIES[args.family])
-        for load in LOADS:
+        for load in loads:
             line, missed = misses(scenario, load)
             print(line, flush=True)
             runs += 1

@@ -36,6 +36,7 @@ from adaptive_gate.testing import SimulatedGPU
 
 from .environment import environment
 from .harness import OOM_AFTER_FRACTION, GiB, Scenario
+from .scenarios import LOADS as ALL_LOADS
 from .scenarios import SCENARIOS, Size, oracle_limits
 
 STATICS = [1, 2, 3, 4, 5, 6]
@@ -130,7 +131,7 @@ def one_run(
     cost: Callable[[int], float] | None = None,
     gpu: SimulatedGPU | None = None,
 ) -> SimulationResult:
-    multiple, clients = LOADS[load]
+    multiple, clients = ALL_LOADS[load]  # the plan's two, or any load the real-time benchmark knows
     rate_per_s = (multiple or 0.0) * scenario.capacity_per_s
     if gpu is None:
         gpu = SimulatedGPU(
