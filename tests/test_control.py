@@ -291,6 +291,26 @@ def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_l
     assert c.limit == 3 and c.budget == 3
 
 
+def test_a_reading_above_the_line_is_the_others_rise_not_a_point_of_the_line() -> None:
+    """Readings at many levels lie on one line (8 GiB of others', 3 GiB a request); a neighbour then
+    takes 4 GiB between two readings. Absorbed into the line over the readings from before, the new
+    reading tilted it a little at a time and hid the change (in a run at the capacity the limit then
+    stayed one below the fit after the neighbour left). Read against the model it is the others'
+    rise, believed at once."""
+    memory = MemoryModel()
+    levels = [1, 3, 5, 2, 4, 5, 3, 1]
+    now_s = 0.0
+    for i in range(32):
+        now_s += 0.1
+        memory.add(now_s, levels[i % len(levels)], (8 + 3 * levels[i % len(levels)]) * GiB, TOTAL)
+    assert memory.room() == pytest.approx(16 / 3)
+    memory.add(now_s + 0.1, 3, (8 + 4 + 3 * 3) * GiB, TOTAL)
+    estimate = memory.estimate()
+    assert estimate is not None
+    assert estimate.baseline_bytes == pytest.approx(12 * GiB, rel=0.01)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
+
+
 def test_a_line_that_puts_the_others_below_the_idle_card_is_no_line() -> None:
     """Readings that caught a request admitted and not yet allocated (it holds nothing) at the low
     levels tilt a line: 3.36 GiB a request beside 6.3 GiB of others, where the card held 8 GiB with

@@ -342,6 +342,13 @@ class MemoryModel:
             # where the card held 8 idle, left two of three that fit beside a neighbour).
             return False
         residual_sq = sum((y - intercept - slope * x) ** 2 for x, y in recent) / n
+        newest_x, newest_y = recent[-1]
+        if newest_y - intercept - slope * newest_x > max(0.5 * slope, 3 * math.sqrt(residual_sq)):
+            # The newest reading holds more than the line says: the others rose (a neighbour came
+            # between readings). Absorbed into a line over the readings from before, it tilted it
+            # (3.6 GiB a request where 4 were) and hid the change; read against the model, it is the
+            # others' rise, believed at once.
+            return False
         # Through two neighbouring levels only, a line must be clean: through a mix's it points
         # anywhere at zero (8 GiB a request and nothing of the others', where 2.6 GiB and 8 GiB are).
         narrow = max(x for x, _ in recent) - min(x for x, _ in recent) < 2
