@@ -40,6 +40,7 @@ from starlette.types import ASGIApp
 
 from adaptive_gate import AdaptiveGate
 from adaptive_gate.simulation import CLIENT_PAUSE_S
+from adaptive_gate.statistics import LimitChange
 from adaptive_gate.status import percentiles_ms
 from adaptive_gate.testing import SimulatedGPU
 from demo_service.policies import SemaphoreMiddleware
@@ -68,6 +69,8 @@ class RunResult:
     reject_answer_s: list[float] = field(default_factory=list)
     oom_times_s: list[float] = field(default_factory=list)
     controller: dict[str, Any] | None = None  # the adaptive gate's controller at the end
+    # The adaptive gate's changes of the limit: (seconds into the run, old, new, why)
+    limit_changes: list[tuple[float, int, int, str]] = field(default_factory=list)
     # (t, limit, in_flight, queued, used_bytes)
     series: list[tuple[float, float, int, int, int]] = field(default_factory=list)
 
@@ -95,6 +98,7 @@ class RunResult:
             "settle_s": settle,
             "ooms_after_settle": None if settle is None else sum(t > settle for t in self.oom_times_s),
             "controller_at_end": self.controller,
+            "limit_changes": self.limit_changes,
         }
 
 
@@ -131,6 +135,7 @@ class World:
         self.crashes = 0
         self.running = 0
         self.oom_times_s: list[float] = []
+        self.limit_changes: list[tuple[float, int, int, str]] = []  # the adaptive gate's, with why
         self.oracle: OracleMiddleware | None = None
         self.reader: ReaderMiddleware | None = None
         self.app = self._build()
@@ -183,6 +188,11 @@ class World:
 
         return app
 
+    def _limit_changed(self, change: LimitChange) -> None:
+        assert self.gate is not None
+        why = self.gate.core.controller.describe().get("why", change.reason)
+        self.limit_changes.append((round(self.elapsed_s(), 3), change.old, change.new, str(why)))
+
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s
 
@@ -215,6 +225,8 @@ class World:
         if self.gate is None:
             self.gate = _find(self.app, AdaptiveGate)
             self.semaphore = _find(self.app, SemaphoreMiddleware)
+            if self.gate is not None:
+                self.gate.core.limit_listeners.append(self._limit_changed)
         if self.gate is not None:
             limit: float = self.gate.core.limiter.limit
             queued = self.gate.core.limiter.queued
@@ -348,4 +360,5 @@ async def run(
     result.oom_times_s = world.oom_times_s
     if world.gate is not None:
         result.controller = world.gate.core.controller.describe()
+        result.limit_changes = world.limit_changes
     return result
