@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._checks import check_fraction
 from ..memory import MemorySample
 from .memory_model import MemoryModel
+from .oom_states import FIT_SLACK
 
 __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
 
@@ -199,7 +200,7 @@ class AIMD(_Bounds):
         room = self.memory.room()
         if room is None or self.memory.is_mix() or self._wanted() != (self._limit, "memory"):
             return float(self._limit)
-        if math.floor(room + 1e-6) != self._limit:
+        if math.floor(room + FIT_SLACK) != self._limit:
             return float(self._limit)  # held lower (growing at most twofold a reading, the bounds)
         return room
 

@@ -24,7 +24,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from .._checks import check_fraction
-from .oom_states import OomStates
+from .oom_states import FIT_SLACK, OomStates
 
 __all__ = ["BLIND_GROWTH_AFTER_SAMPLES", "MemoryEstimate", "MemoryModel", "OomStates"]
 
@@ -383,9 +383,14 @@ class MemoryModel:
         if est is None:
             return None
         room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
-        # A hair of slack: readings are whole bytes, and a fit of exactly n must not floor to n - 1.
-        n = max(0, math.floor(room_bytes / est.per_request_bytes + 1e-6))
-        while n > 0 and n * est.per_request_bytes + self.z * math.sqrt(n) * est.spread_bytes > room_bytes:
+        # Slack (`FIT_SLACK`): a fit of exactly n, estimated a hair short, must not floor to n - 1.
+        slack_bytes = FIT_SLACK * est.per_request_bytes
+        n = max(0, math.floor((room_bytes + slack_bytes) / est.per_request_bytes))
+        # The tail is planned for in a mix only: below `MIX_SPREAD` the spread is the readings' noise
+        # (requests admitted and not yet allocated, a count taken a moment apart from the bytes),
+        # and planning for it left two of three requests of one size that fit exactly.
+        tail_bytes = self.z * est.spread_bytes if self.is_mix() else 0.0
+        while n > 0 and n * est.per_request_bytes + tail_bytes * math.sqrt(n) > room_bytes + slack_bytes:
             n -= 1
         if now_s is None or self.is_mix():
             return n

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["ROOM_MARGIN", "OomStates"]
+__all__ = ["FIT_SLACK", "ROOM_MARGIN", "OomStates"]
+
+# Room within this share of a request of a level is room for it: the others' bytes and a request's
+# are each estimated from readings, and at an exact fit (three requests with nothing to spare) an
+# error of a few MiB between them read as room for 2.999, and the limit sat at two.
+FIT_SLACK = 0.01
 
 
 # How much roomier (in requests) the card must read than at an OOM before its level is tried again.
@@ -81,5 +86,5 @@ def _bars(state: list[float], now_s: float, room: float) -> bool:
     if now_s >= until_s:
         return False
     if room_then < level:
-        return room < level
-    return room < room_then + ROOM_MARGIN
+        return room + FIT_SLACK < level
+    return room + FIT_SLACK < room_then + ROOM_MARGIN
