@@ -88,7 +88,8 @@ class MemoryModel:
     starts at `MIN_Z` and is learned from the pile-ups the spread explains (`mix_oom`,
     `mix_success`): up at each, down a little at each success, so that about `MIX_OOM_SHARE` of a
     mix's requests meet one, whatever the shape of the mix (a normal tail or a quarter of large
-    ones). A workload of one size has no spread, and no pile-up to learn from.
+    ones). A workload of one size has no tail to plan for: a spread under `MIX_SPREAD` of the mean
+    is the readings' noise, and the cap keeps `others + n * mean` under target alone.
     """
 
     def __init__(self, *, target_utilisation: float = 1.0) -> None:
