@@ -439,6 +439,23 @@ def test_without_requests_in_flight_a_size_an_oom_named_holds_as_any_other() -> 
     assert c.limit == 2
 
 
+def test_inputs_that_grow_read_first_as_the_others_rise_are_learnt_from_the_oom_that_follows() -> None:
+    """Requests of 3 GiB for a while; then they grow to 6 GiB, and the first readings take the extra
+    bytes for the others' (a change of the card, not yet of the sizes). The OOM that follows names
+    6 GiB: sizes grew, believed at once, where it used to wait for ten readings of the changed card
+    and three more levels ran out meanwhile."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 3) + (4,) * 12)
+    for used_gib in (23, 24):  # one of four grew to 6 GiB, then the card is full: read as the others' rise
+        now_s += 0.1
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=4)
+    assert not c.allocation_failed(6 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=5)
+    assert c.describe()["memory_model"]["per_request_bytes"] == 6 * GiB
+    assert c.limit <= 2
+
+
 def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefly() -> None:
     c = AIMD()
     bound(c, initial=1)

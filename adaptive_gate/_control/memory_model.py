@@ -112,6 +112,7 @@ class MemoryModel:
         self._anchor: float | None = None  # the others' bytes when last anchored
         self._idle_floor: float | None = None  # the least the card held with nothing of ours in flight
         self._since_shrink = 0  # readings since the card last changed: only these describe it
+        self._since_sizes = 0  # readings since our requests' sizes (or units) last changed
         self._last_moved_baseline: float | None = None
         self._moves: deque[float] = deque(maxlen=16)  # |move| of the apparent baseline, reading to reading
         self._total_bytes = 0
@@ -149,6 +150,7 @@ class MemoryModel:
                 self._changed()
         self._recent.append((in_flight, used))
         self._since_shrink += 1
+        self._since_sizes += 1
         if self._fit_recent():
             self._pending_relief.clear()
             self._rise, self._anchored = None, True
@@ -239,7 +241,7 @@ class MemoryModel:
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
         self._shares.clear()
-        self._since_shrink = 0
+        self._since_shrink = self._since_sizes = 0
         self.ooms.forget()
 
     def _changed(self) -> None:
@@ -250,6 +252,7 @@ class MemoryModel:
     def _sizes_changed(self) -> None:
         """Our requests changed size: their shares from before describe other requests."""
         self._changed()
+        self._since_sizes = 0
         self._shares.clear()
 
     def _relieve(self, baseline: float, used: float, in_flight: float) -> None:
@@ -432,7 +435,10 @@ class MemoryModel:
         if est is None:
             return False
         per_unit = nbytes / max(units, 1e-9)
-        uniform = self._since_shrink >= SETTLED_READINGS and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
+        # Since the sizes last changed, not the card: inputs that grow are first read as the others'
+        # rise, a change of the card, and the OOM that follows names the new size (guarded so, it
+        # was not believed, and three more levels ran out in real time).
+        uniform = self._since_sizes >= SETTLED_READINGS and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
         if uniform and per_unit > est.per_request_bytes + 3 * est.spread_bytes:
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
