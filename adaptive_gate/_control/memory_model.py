@@ -423,9 +423,8 @@ class MemoryModel:
         could have avoided."""
         est = self.estimate()
         return est is not None and nbytes > est.total_bytes - est.baseline_bytes
-        return False
 
-    def learn_size(self, nbytes: float, units: float = 1, now_s: float = math.inf) -> bool:
+    def learn_size(self, nbytes: float, units: float, now_s: float) -> bool:
         """An allocation of `nbytes` failed in a request of `units` at `now_s`. Where the requests
         were of one size since the card last changed and this is beyond it (three spreads above the
         mean), sizes changed (inputs grew): a request is believed to hold at least that much from

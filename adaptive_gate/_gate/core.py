@@ -100,8 +100,9 @@ class GateCore(CoreSnapshot):
         # When each request in flight arrived, by its ticket's serial, for a controller that asks
         # (`oldest_in_flight`, optional in the protocol, told before each reading); None: nobody
         # asks, nothing is kept.
-        self._oldest_told = getattr(controller, "oldest_in_flight", None)
-        self._arrived_s: dict[int, float] | None = None if self._oldest_told is None else {}
+        oldest_told = getattr(controller, "oldest_in_flight", None)
+        self._arrived_s: dict[int, float] | None = None if oldest_told is None else {}
+        self._oldest_told: Callable[[float | None], None] = oldest_told or (lambda _: None)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -313,7 +314,7 @@ class GateCore(CoreSnapshot):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
-        if self._oldest_told is not None and self._arrived_s is not None:
+        if self._arrived_s is not None:
             # Where several routes are gated, a slot's bytes are their weights' (`RouteWeights`), and
             # what one request asked for says little of another route's: nothing is held from before.
             several = len(self.requests_by_route) > 1
