@@ -128,7 +128,8 @@ class AdaptiveGate:
         clock, core = self._clock, self.core
         arrived_s = clock()
         cost = self._cost
-        units = core.weigh(route, 1 if cost is None else units_of_cost(cost(scope)))
+        requests = 1 if cost is None else units_of_cost(cost(scope))  # before its route's weight
+        units = core.weigh(route, requests)
         deadline_s, length, has_body = request_head(scope, self._queue_timeout_s)
         body: Body | None = None
         now_s = arrived_s  # no body to read: it may go in the moment it arrived, and waited for nothing
@@ -139,9 +140,9 @@ class AdaptiveGate:
             receive = body.receive
             now_s = clock()
             deadline_s -= now_s - arrived_s  # the time reading the body took counts
-        ticket = core.enter(deadline_s, units, route, arrived_s, now_s) if self._classify is None else None
+        ticket = core.enter(deadline_s, units, route, arrived_s, now_s, requests) if self._classify is None else None
         if ticket is None:  # no slot free at once, a deadline to judge, or classes: the long way
-            admitted = await self._admit(route, scope, receive, send, body, deadline_s, units, arrived_s)
+            admitted = await self._admit(route, scope, receive, send, body, deadline_s, (units, requests), arrived_s)
             if admitted is None:
                 return
             ticket, receive = admitted
@@ -200,11 +201,13 @@ class AdaptiveGate:
         send: Send,
         body: Body | None,
         deadline_s: float,
-        units: float,
+        weighed: tuple[float, float],
         arrived_s: float,
     ) -> tuple[Ticket, Receive] | None:
         """`arrive`, then a place in line or an answer: the ticket and the `receive` the app must
-        use, or None when the request was answered (or its client left)."""
+        use, or None when the request was answered (or its client left). `weighed`: its slots, and
+        what it weighs before its route's weight (`GateCore.admitted`)."""
+        units, requests = weighed
         core, classify = self.core, self._classify
         request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
         if classify is None:
@@ -227,7 +230,7 @@ class AdaptiveGate:
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = self._clock()
-        ticket = core.admitted(now_s, now_s - arrived_s, units, route)
+        ticket = core.admitted(now_s, now_s - arrived_s, units, route, requests)
         return ticket, receive
 
     async def _wait_or_reject(

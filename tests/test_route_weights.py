@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import random
 
+import anyio
 import pytest
+from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_gate import AIMD, Fixed
+from adaptive_gate import AIMD, AdaptiveGate, Fixed
 from adaptive_gate._control.route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
 from adaptive_gate._gate.operator import OperatorBounds
 from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.memory import MemorySample
+
+from .helpers import client_for, find_gate, wait_until
 
 GiB = 1 << 30
 BASELINE = 8 * GiB
@@ -217,6 +221,50 @@ def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     for ticket in tickets:
         core.release(ticket, 0.2, Outcome.OOM if ticket is tickets[0] else Outcome.COMPLETED)
     assert core.statistics(0.2).in_flight == 0
+
+
+def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitted_after() -> None:
+    """It took the slots of its arrival (1, at a weight of 1); admitted after its route's weight
+    became 2, it is still one request, and the readings count it as the 2 slots it is worth now. As
+    the slots it took at the weight of now (half a request), two large ones read as one holding the
+    bytes of two, and the next fit made the large route's requests 12 times the small ones', where
+    they were 4."""
+    core = core_with(AIMD(), [0.0])
+    assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
+    assert core.route_weights is not None
+    core.route_weights.by_route["/heavy"] = 2.0
+    ticket = core.admitted(0.5, 0.5, 1, "/heavy", requests=1)
+    assert core.in_flight_now().by_route == {"/heavy": 1.0}
+    assert core.route_weights.slots(core.requests_by_route) == 2.0
+    core.release(ticket, 1.0, Outcome.COMPLETED)
+    assert core.in_flight_now() == (0, {"/heavy": 0.0})
+
+
+@pytest.mark.anyio
+async def test_the_middleware_counts_a_request_that_waited_across_a_change_of_weights_as_one() -> None:
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=None, max_limit=1)
+    go = anyio.Event()
+    counted: list[dict[object, float]] = []
+
+    @app.post("/heavy", tags=["gpu"])
+    async def heavy() -> dict[str, bool]:
+        counted.append(dict(find_gate(app).core.requests_by_route))
+        await go.wait()
+        return {"ok": True}
+
+    async with client_for(app) as client, anyio.create_task_group() as tasks:
+        tasks.start_soon(client.post, "/heavy")
+        await wait_until(lambda: len(counted) == 1)
+        tasks.start_soon(client.post, "/heavy")
+        core = find_gate(app).core
+        await wait_until(lambda: core.limiter.queued == 1)  # weighed 1 slot, at the weight of its arrival
+        (route,) = counted[0]
+        assert core.route_weights is not None
+        core.route_weights.by_route[route] = 2.0
+        go.set()
+    assert [c[route] for c in counted] == [1.0, 1.0]
+    assert core.statistics(0.0).in_flight == 0 and core.requests_by_route[route] == 0.0
 
 
 def test_the_status_shows_every_weighed_route_even_where_labels_repeat() -> None:

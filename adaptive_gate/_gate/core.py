@@ -131,11 +131,19 @@ class GateCore(CoreSnapshot):
             return ADMITTED
         return queue_up(self, now_s, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
 
-    def enter(self, timeout_s: float, units: float, route: object, arrived_s: float, now_s: float) -> Ticket | None:
+    def enter(
+        self,
+        timeout_s: float,
+        units: float,
+        route: object,
+        arrived_s: float,
+        now_s: float,
+        requests: float | None = None,
+    ) -> Ticket | None:
         """`arrive` and `admitted` in one, for the request that walks straight in (no classes, no
         "deadline" answer, its slots free and nobody waiting): its ticket, admitted at `now_s`
         (`arrived_s` where no body was read: one clock read per request). None: it takes the long
-        way (`arrive`), and nothing has been counted or taken for it."""
+        way (`arrive`), and nothing has been counted or taken for it. `requests`: as `admitted`."""
         if self.classes is not None:
             return None
         mean_s = self._mean_by_route.get(route)
@@ -149,7 +157,7 @@ class GateCore(CoreSnapshot):
             self.queue_wait_s.add_zero()
         else:
             self.queue_wait_s.add(now_s - arrived_s)
-        return self._hold(now_s, busy_area, units, route, arrived_s)
+        return self._hold(now_s, busy_area, units, route, arrived_s, requests)
 
     def weigh(self, route: object, units: float) -> float:
         """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
@@ -165,20 +173,33 @@ class GateCore(CoreSnapshot):
         """How long `waiter` may still wait from `now_s`: past it, it could not finish before its deadline."""
         return max(0.0, waiter.latest_start_s - now_s)
 
-    def admitted(self, now_s: float, waited_s: float, units: float = 1, route: object = None) -> Ticket:
-        """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now."""
+    def admitted(
+        self, now_s: float, waited_s: float, units: float = 1, route: object = None, requests: float | None = None
+    ) -> Ticket:
+        """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now.
+        `requests`: what it weighs before its route's weight (its `cost`, 1 without; `weigh` made
+        `units` of it). None: `units` at the weight of now, which is that only where the weights did
+        not change while it waited."""
         self.queue_wait_s.add(waited_s)
-        return self._hold(now_s, self.limiter.busy_area(now_s), units, route, now_s - waited_s)
+        return self._hold(now_s, self.limiter.busy_area(now_s), units, route, now_s - waited_s, requests)
 
-    def _hold(self, now_s: float, busy_area: float, units: float, route: object, arrived_s: float) -> Ticket:
+    def _hold(
+        self, now_s: float, busy_area: float, units: float, route: object, arrived_s: float, requests: float | None
+    ) -> Ticket:
         """The ticket of a request holding its slots from `now_s` (the busy area then), counted, and
-        counted in flight for its route (`RouteWeights`) in requests, as it will be given back."""
+        counted in flight for its route (`RouteWeights`) in requests, as it will be given back. A
+        request weighed before the weights changed, and admitted after, is one request all the same:
+        counted as its slots at the new weight (a large one that took 1 slot, at a weight of 1.5:
+        0.67), two of them read as 1.3 requests holding the bytes of two, and the next fit made the
+        large route's requests 12 times the small ones', where they were 4."""
         counters = self.counters
         counters.admitted += 1
         weights = self.route_weights
-        requests = units
-        if weights is not None:  # only a controller that learns memory weighs routes, from these
-            requests = weights.requests(route, units)
+        if weights is None:
+            requests = units
+        else:  # only a controller that learns memory weighs routes, from these
+            if requests is None:
+                requests = weights.requests(route, units)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s

@@ -79,6 +79,7 @@ class _Request:
     units: float = 1
     route: str | None = None
     client: int | None = None  # the closed-loop client that sent it
+    requests: float = 1  # what it weighs before its route's weight (`GateCore.admitted`)
     remaining_s: float = 0.0
     doomed: bool = False  # it will run out of memory when its remaining work is done
     ticket: Ticket | None = None
@@ -212,8 +213,9 @@ class Run:
         nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
         work_s = phase.work_s if isinstance(phase.work_s, int | float) else phase.work_s(self.random)
         route = None if phase.route is None else phase.route(nbytes)
-        units = self.core.weigh(route, 1 if phase.cost is None else units_of_cost(phase.cost(nbytes)))
-        request = _Request(next(self.ids), self.now_s, nbytes, work_s, units, route, client)
+        requests = 1 if phase.cost is None else units_of_cost(phase.cost(nbytes))  # before its route's weight
+        units = self.core.weigh(route, requests)
+        request = _Request(next(self.ids), self.now_s, nbytes, work_s, units, route, client, requests=requests)
         self.told("arrive", request.id)
         admission = self.core.arrive(self.queue_timeout_s, now_s=self.now_s, units=units, route=route)
         if admission is ADMITTED:
@@ -234,7 +236,9 @@ class Run:
             self.schedule(self.now_s + (CLIENT_PAUSE_S if refused else 0.0), "arrival", request.client)
 
     def start(self, request: _Request) -> None:
-        request.ticket = self.core.admitted(self.now_s, self.now_s - request.arrived_s, request.units, request.route)
+        request.ticket = self.core.admitted(
+            self.now_s, self.now_s - request.arrived_s, request.units, request.route, request.requests
+        )
         if self.now_s < self.down_until_s:
             self.crashed(request)  # the worker is restarting: whatever it is sent fails
             return
