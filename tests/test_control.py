@@ -282,13 +282,27 @@ def test_each_oom_of_one_pile_up_is_one_more_that_did_not_fit() -> None:
 
 def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_limit() -> None:
     """16 GiB of room and 3.5 GiB a slot: 4.57 slots, the limit 4. Requests that weigh fractions of a
-    slot (route weights, `cost`) may fill the 4.57; under an OOM bar, or in a mix, the limit is all."""
+    slot (route weights, `cost`) may fill the 4.57. Under an OOM's bar they fill up to under the slots
+    that ran out, never to them: the bar is at 4, and 4 did not fit."""
     c = AIMD()
     bound(c, initial=1)
     learned(c, request_gib=3.5, levels=(1, 2, 3, 4))
     assert c.limit == 4 and c.budget == pytest.approx(16 / 3.5)
     c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=4)
-    assert c.limit == 3 and c.budget == 3
+    assert c.limit == 3 and c.budget == pytest.approx(4 - 1 / 64)
+
+
+def test_under_a_bar_requests_that_weigh_fractions_fill_up_to_under_what_ran_out() -> None:
+    """An OOM with 3.5 slots in flight bars 4 (the limit is 3), and says 3.5 did not fit: requests
+    that weigh parts of a slot may fill up to under 3.5, not to under 4. Held at the limit instead
+    (as before), a mix of routes whose model erred once sat a sixth under the room for two minutes."""
+    c = AIMD()
+    bound(c, initial=1)
+    learned(c, request_gib=3.5, levels=(1, 2, 3, 4))
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=3.5)
+    assert c.limit == 3 and c.budget == pytest.approx(3.5 - 1 / 64)
+    c.on_oom(now_s=1.1, epoch=c.epoch, in_flight=3.25)  # a tighter one: the least that ran out holds
+    assert c.limit == 3 and c.budget == pytest.approx(3.25 - 1 / 64)
 
 
 def test_a_reading_above_the_line_is_the_others_rise_not_a_point_of_the_line() -> None:

@@ -33,6 +33,7 @@ from .oom_states import FIT_SLACK
 __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
 
 GiB = 2**30
+UNDER_LOAD = 1 / 64  # a cost's quantum: under a bar, a budget stays this far under the slots that ran out
 MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
 
 
@@ -194,15 +195,23 @@ class AIMD(_Bounds):
     @property
     def budget(self) -> float:
         """Optional in the protocol: the slots requests that weigh fractions of one may fill. Where
-        the model alone sets the limit (one size per slot, no OOM bar), the room it reads, 4.7 slots
-        where the limit shows 4: with route weights a slot is the mean request, and a floor to whole
-        ones left up to one of them idle. Elsewhere the limit."""
+        the model sets the limit (one size per slot), the room it reads, 4.7 slots where the limit
+        shows 4: with route weights a slot is the mean request, and a floor to whole ones left up to
+        one of them idle. Under an OOM's bar, up to under the slots that ran out (6.75 where the bar
+        is at 7). Elsewhere the limit."""
         room = self.memory.room()
-        if room is None or self.memory.is_mix() or self._wanted() != (self._limit, "memory"):
+        if room is None or self.memory.is_mix():
             return float(self._limit)
-        if math.floor(room + FIT_SLACK) != self._limit:
+        wanted, bound = self._wanted()
+        if wanted != self._limit or bound not in ("memory", "oom"):
             return float(self._limit)  # held lower (growing at most twofold a reading, the bounds)
-        return room
+        ceiling = room
+        load = self.memory.ooms.barred_load(self._now_s, room) if bound == "oom" else None
+        if load is not None:
+            ceiling = min(room, load - UNDER_LOAD)
+        if math.floor(ceiling + FIT_SLACK) != self._limit:
+            return float(self._limit)
+        return max(float(self._limit), ceiling)
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
         self._bind_bounds(min_limit, max_limit)
@@ -256,7 +265,8 @@ class AIMD(_Bounds):
                 # Weaker evidence is kept for a short while: an OOM the app caught itself, or one
                 # that its own request's size explains (a large one left from before the sizes
                 # shrank), which says little of how many of the model's requests fit.
-                self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed and not stray)
+                load = max(in_flight, level - 1)
+                self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed and not stray, load=load)
                 self._pile = (level, 1)
             self._epoch += 1
             self._update("out of memory", at_most=self._limit)  # an OOM never raises the limit

@@ -40,13 +40,17 @@ class OomStates:
     """
 
     def __init__(self) -> None:
-        self._states: list[list[float]] = []  # [level, room then, when, until]
+        self._states: list[list[float]] = []  # [level, room then, when, until, load]
 
-    def record(self, now_s: float, level: int, room: float | None, *, placed: bool = True) -> None:
+    def record(
+        self, now_s: float, level: int, room: float | None, *, placed: bool = True, load: float | None = None
+    ) -> None:
+        """`level`: the whole slots barred from; `load`: the slots in flight that did not fit, where
+        requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level."""
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
         self._states = kept[-(MAX_STATES - 1) :] + [
-            [level, math.inf if room is None else room, now_s, now_s + memory_s]
+            [level, math.inf if room is None else room, now_s, now_s + memory_s, level if load is None else load]
         ]
 
     def observe(self, now_s: float, room: float | None) -> None:
@@ -61,13 +65,19 @@ class OomStates:
         barred = [int(state[0]) for state in self._states if _bars(state, now_s, room)]
         return min(barred) if barred else None
 
+    def barred_load(self, now_s: float, room: float) -> float | None:
+        """The fewest slots in flight that ran out among the bars that hold with `room` now, or None:
+        requests that weigh parts of a slot may fill up to under it."""
+        loads = [state[4] for state in self._states if _bars(state, now_s, room)]
+        return min(loads) if loads else None
+
     def describe(self, now_s: float, room: float | None) -> dict[str, float] | None:
         """The bar that holds the limit now, for the status: its level, the room then, its age."""
         if room is None:
             return None
         lowest = self.barred_from(now_s, room)
         for state in self._states:
-            level, room_then, at_s, _ = state
+            level, room_then, at_s = state[:3]
             if level == lowest and _bars(state, now_s, room):
                 return {"level": int(level), "room_then": round(room_then, 2), "age_s": round(now_s - at_s, 2)}
         return None
@@ -82,7 +92,7 @@ def _bars(state: list[float], now_s: float, room: float) -> bool:
     bars its level until the model says the level fits again: a neighbour smaller than a request
     leaves less than `ROOM_MARGIN` to come back. Where they did not (the model said it fitted, and
     it did not), the card must read `ROOM_MARGIN` roomier than then."""
-    level, room_then, _, until_s = state
+    level, room_then, _, until_s = state[:4]
     if now_s >= until_s:
         return False
     if room_then < level:
