@@ -470,6 +470,29 @@ def test_inputs_that_grow_read_first_as_the_others_rise_are_learnt_from_the_oom_
     assert c.limit <= 2
 
 
+def test_soon_after_sizes_shrank_a_size_beyond_the_one_from_before_is_believed() -> None:
+    """Requests of 6 GiB, then two readings say they hold 3 (sizes shrank, or requests that grew and
+    ran out hold nothing: the readings cannot tell). An OOM naming 6 GiB soon after is one left from
+    before, no news; one naming 12 GiB is beyond any size from before: inputs grew, believed at once.
+    Ignored for ten readings (as a size soon after a change was), 65 OOMs followed at 14 in flight."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=6, levels=(1, 2) + (2,) * 12)
+    assert c.limit == 2
+    for _ in range(2):
+        now_s += 0.1
+        c.on_sample(now_s=now_s, sample=MemorySample(14 * GiB, TOTAL), in_flight=2)
+    shrunk = c.describe()["memory_model"]["per_request_bytes"]
+    assert shrunk < 6 * GiB
+    assert not c.allocation_failed(6 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.02, epoch=c.epoch, in_flight=2)
+    assert c.describe()["memory_model"]["per_request_bytes"] == shrunk  # a request from before
+    assert not c.allocation_failed(12 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=2)
+    assert c.describe()["memory_model"]["per_request_bytes"] == 12 * GiB
+    assert c.limit == 1
+
+
 def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefly() -> None:
     c = AIMD()
     bound(c, initial=1)

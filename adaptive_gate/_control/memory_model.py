@@ -113,6 +113,7 @@ class MemoryModel:
         self._idle_floor: float | None = None  # the least the card held with nothing of ours in flight
         self._since_shrink = 0  # readings since the card last changed: only these describe it
         self._since_sizes = 0  # readings since our requests' sizes (or units) last changed
+        self._size_before: float | None = None  # a request's settled bytes before the sizes last shrank
         self._last_moved_baseline: float | None = None
         self._moves: deque[float] = deque(maxlen=16)  # |move| of the apparent baseline, reading to reading
         self._total_bytes = 0
@@ -242,6 +243,7 @@ class MemoryModel:
         self._recent.clear()
         self._shares.clear()
         self._since_shrink = self._since_sizes = 0
+        self._size_before = None
         self.ooms.forget()
 
     def _changed(self) -> None:
@@ -285,6 +287,9 @@ class MemoryModel:
             # past that (our own weights and context are in it), so our requests hold less. Two
             # readings say so, not one: the mean comes down faster than one reading would bring it,
             # and the spread is the new sizes'.
+            # The size from before, where it had held for a while: sizes that keep changing (large
+            # requests of a route not weighed yet, read as growth and then as shrinking) have none.
+            self._size_before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             self._sizes_changed()
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
@@ -436,8 +441,13 @@ class MemoryModel:
         per_unit = nbytes / max(units, 1e-9)
         # Since the sizes last changed, not the card: inputs that grow are first read as the others'
         # rise, a change of the card, and the OOM that follows names the new size (guarded so, it
-        # was not believed, and three more levels ran out in real time).
-        uniform = self._since_sizes >= SETTLED_READINGS and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
+        # was not believed, and three more levels ran out in real time). Soon after they shrank, a
+        # size well beyond the one from before (more than a mix's spread) is no request left from
+        # before either: the requests that grew and failed hold nothing, read as sizes that shrank,
+        # and 65 OOMs followed.
+        before = self._size_before
+        settled = self._since_sizes >= SETTLED_READINGS or (before is not None and per_unit > (1 + MIX_SPREAD) * before)
+        uniform = settled and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
         if uniform and per_unit > est.per_request_bytes + 3 * est.spread_bytes:
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
