@@ -1,8 +1,9 @@
 """`python -m benchmarks.unseen`: the targets on scenarios nobody tuned the controller on.
 
-Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a request size and what
-changes: a neighbour that comes and goes (greedy or not, one or two), inputs that grow or shrink,
-or a mix of two sizes told through `cost` or on two routes. It runs the default gate and the reader
+Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a request size (2 to 10
+fit; 12 to 40 in the family "many") and what changes: a neighbour that comes and goes (greedy or
+not, one or two), inputs that grow or shrink, or a mix of two sizes told through `cost` or on two
+routes. It runs the default gate and the reader
 side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed loop, or the
 `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
@@ -23,10 +24,11 @@ from .model import GiB, Phase, Scenario, Size
 from .scenarios import LOADS as ALL_LOADS
 from .virtual import one_run, reader_run, recovery_s, row
 
-FAMILIES = {
-    "neighbours": ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"],
-    "mixes": ["mix-cost", "mix-routes"],
-}
+NEIGHBOURS = ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"]
+FAMILIES = {"neighbours": NEIGHBOURS, "mixes": ["mix-cost", "mix-routes"], "many": NEIGHBOURS}
+# How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
+# card with room for 12 to 40, where a change meets many requests admitted in the same moment).
+FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40)}
 LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
 DURATION_S = 60.0
 
@@ -43,7 +45,7 @@ def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random]
     return draw
 
 
-def draw(seed: int, kinds: list[str]) -> Scenario:
+def draw(seed: int, kinds: list[str], fits: tuple[int, int] = FITS["neighbours"]) -> Scenario:
     rng = random.Random(seed)
     total = rng.choice([16, 24, 40, 48, 80]) * GiB
     weights = int(total * rng.uniform(0.1, 0.5))
@@ -51,7 +53,7 @@ def draw(seed: int, kinds: list[str]) -> Scenario:
     kind = rng.choice(kinds)
     work_s = rng.choice([0.05, 0.1, 0.2])
     crash_s = rng.choice([0.0, 1.0])
-    fit = rng.randint(2, 10)
+    fit = rng.randint(*fits)
     size = _fitting(room, fit, rng)
     cost: Callable[[int], float] | None = None
     route: Callable[[int], str] | None = None
@@ -143,7 +145,7 @@ def main() -> None:
     missed_runs = 0
     runs = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        scenario = draw(seed, FAMILIES[args.family])
+        scenario = draw(seed, FAMILIES[args.family], FITS[args.family])
         for load in loads:
             line, missed = misses(scenario, load)
             print(line, flush=True)

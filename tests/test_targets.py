@@ -75,6 +75,22 @@ def test_a_request_that_never_fits_is_too_large_and_teaches_nothing() -> None:
     assert adaptive.too_large > 0 and adaptive.ooms - adaptive.too_large <= 2, adaptive
 
 
+def test_inputs_that_grow_on_a_card_of_many_cost_one_pile_up() -> None:
+    """A card with room for 14 small requests (an unseen draw); inputs grow sixfold half-way. Those
+    admitted together run out together (a pile-up the reader, knowing each one's bytes, does not
+    have), and the size their OOMs name is believed at once. It was not: the requests that grew and
+    ran out held nothing, their readings looked like sizes that shrank, the named size was taken for
+    one left from before, and 65 OOMs followed over a second."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.unseen import FAMILIES, FITS, draw
+    from benchmarks.virtual import one_run
+
+    scenario = draw(7, FAMILIES["many"], FITS["many"])
+    assert scenario.name == "growth-7" and "about 14 fit" in scenario.description
+    result = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
+    assert result.ooms <= 8 and result.ooms_between(31.0, DURATION_S) == 0, result.oom_times_s
+
+
 def test_the_readme_shows_the_tables_the_results_make() -> None:
     """The README's results table and its word on cost are rendered from `benchmarks/results/*.json`
     (`python -m benchmarks.report --readme`): a figure edited by hand, or results rerun without
