@@ -93,12 +93,17 @@ async def test_a_batch_weighs_its_declared_files_and_may_not_send_more(client: h
     gate = find_gate(client.app)  # type: ignore[attr-defined]  # (the lifespan built the stack)
     admitted, enter = gate.core.admitted, gate.core.enter
 
-    def watching(now_s: float, waited_s: float, units: float = 1, route: object = None) -> object:
+    def watching(
+        now_s: float, waited_s: float, units: float = 1, route: object = None, requests: float | None = None
+    ) -> object:
         weights.append(units)
-        return admitted(now_s, waited_s, units, route)
+        return admitted(now_s, waited_s, units, route, requests)
 
-    def watching_enter(timeout_s: float, units: float, route: object, arrived_s: float, now_s: float) -> object:
-        ticket = enter(timeout_s, units, route, arrived_s, now_s)  # the fast way in: arrive and admitted in one
+    def watching_enter(
+        timeout_s: float, units: float, route: object, arrived_s: float, now_s: float, requests: float | None = None
+    ) -> object:
+        # the fast way in: arrive and admitted in one
+        ticket = enter(timeout_s, units, route, arrived_s, now_s, requests)
         if ticket is not None:
             weights.append(ticket.units)
         return ticket
