@@ -208,6 +208,7 @@ class AdaptiveGate:
         use, or None when the request was answered (or its client left). `weighed`: its slots, and
         what it weighs before its route's weight (`GateCore.admitted`)."""
         units, requests = weighed
+        heavier = 0.0  # what a waiter weighs beyond `units`, as one from before the sizes shrank
         core, classify = self.core, self._classify
         request_class: tuple[int, str | None] | None = None  # None: no priority or tenant configured
         if classify is None:
@@ -227,10 +228,12 @@ class AdaptiveGate:
             if replay is None:
                 return None
             receive = replay
+            assert isinstance(admission, Waiter)  # a reason is answered: no replay
+            units, heavier = core.granted(admission)
         elif body is not None:
             self._body_budget.give_back(body.nbytes)
         now_s = self._clock()
-        ticket = core.admitted(now_s, now_s - arrived_s, units, route, requests)
+        ticket = core.admitted(now_s, now_s - arrived_s, units, route, requests, heavier)
         return ticket, receive
 
     async def _wait_or_reject(

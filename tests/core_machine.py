@@ -14,15 +14,26 @@ from adaptive_gate.limiter import Waiter
 GiB = 2**30
 
 
+class _Shrinking(AIMD):
+    """The default controller, and sizes that shrank whenever the machine says so."""
+
+    shrunk: tuple[float, float] | None = None
+
+    def heavier_before(self) -> tuple[float, float] | None:
+        return self.shrunk
+
+
 class CoreMachine(RuleBasedStateMachine):
     """Any interleaving of arrivals, admissions, releases with every outcome, OOMs (alone or not),
-    leaving the line, readings and operator pins keeps the core's books right."""
+    leaving the line, readings, sizes that shrank (waiters from before weigh more) and operator pins
+    keeps the core's books right."""
 
     def __init__(self) -> None:
         super().__init__()
         self.now = [0.0]
+        self.controller = _Shrinking()
         self.core = GateCore(
-            AIMD(), min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
+            self.controller, min_limit=1, max_limit=6, initial_limit=2, max_queue=4, max_retry_after_s=60,
         )  # fmt: skip
         self.running: list[Ticket] = []
         self.waiting: list[Waiter] = []
@@ -37,7 +48,8 @@ class CoreMachine(RuleBasedStateMachine):
             self.turned_away += 1
         for waiter in [w for w in self.waiting if w.granted]:
             self.waiting.remove(waiter)
-            self.running.append(self.core.admitted(self.now[0], 0.0))
+            units, heavier = self.core.granted(waiter)
+            self.running.append(self.core.admitted(self.now[0], 0.0, units, None, 1, heavier))
 
     @rule(dt=st.floats(0.0, 0.5))
     def time_passes(self, dt: float) -> None:
@@ -81,6 +93,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.core.sample(MemorySample(used_gib * GiB, 24 * GiB, oom_count=count + ooms), self.now[0])
         self._start_granted()
 
+    @rule(weight=st.sampled_from([1.0, 1.5, 3.0]), forget=st.booleans())
+    def sizes_shrank(self, weight: float, forget: bool) -> None:
+        self.controller.shrunk = None if forget else (self.now[0], weight)
+
     @rule(pin=st.one_of(st.none(), st.integers(1, 6)))
     def operator(self, pin: int | None) -> None:
         self.core.set_operator(None if pin is None else OperatorBounds(pin, pin), self.now[0])
@@ -89,13 +105,16 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def books_balance(self) -> None:
         counters, limiter = self.core.counters, self.core.limiter
-        assert limiter.in_flight == len(self.running)
+        assert limiter.in_flight == sum(ticket.units for ticket in self.running)
+        assert self.core._heavier_in_flight == sum(ticket.heavier for ticket in self.running)
+        assert all(ticket.units - ticket.heavier == 1 for ticket in self.running)
         assert limiter.queued == len(self.waiting) <= 4
         assert counters.admitted == counters.completed + counters.failed + counters.admitted_ooms + len(self.running)
         assert counters.rejected == self.turned_away and counters.left_queue == self.left
         low, high = self.core.bounds()
         assert low <= limiter.limit <= high and 1 <= limiter.limit <= 6
-        assert not (self.waiting and limiter.in_flight < limiter.limit)  # nobody waits beside a free slot
+        # Nobody waits beside a free slot, unless one heavier than its own waits for its room.
+        assert not (self.waiting and limiter.in_flight < limiter.limit and all(w.units == 1 for w in self.waiting))
         # When each request in flight arrived is kept for exactly those in flight: none leaks.
         assert sorted(self.core._arrived_s or {}) == sorted(ticket.serial for ticket in self.running)
 
@@ -103,5 +122,5 @@ class CoreMachine(RuleBasedStateMachine):
     def snapshot_is_consistent(self) -> None:
         stats = self.core.statistics(self.now[0])
         assert (stats.limit, stats.in_flight, stats.queued) == (
-            self.core.limiter.limit, len(self.running), len(self.waiting)
+            self.core.limiter.limit, sum(ticket.units for ticket in self.running), len(self.waiting)
         )  # fmt: skip

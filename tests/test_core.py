@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_gate import AIMD, MemorySample
+from adaptive_gate import AIMD, Fixed, MemorySample
+from adaptive_gate._gate.limiter import Waiter
 from adaptive_gate._gate.swallowed import GRACE_S, SwallowedOoms
 from adaptive_gate.core import ADMITTED, GateCore, Outcome
 
@@ -218,3 +219,44 @@ def test_an_oom_alone_teaches_nothing_not_even_to_the_next_oom() -> None:
     assert all(ticket is not None for ticket in tickets)
     assert core.oom(tickets[0], now_s + 0.01) is False  # five of 3 GiB did not fit: that level is barred
     assert core.limiter.limit == 4
+
+
+def test_requests_that_joined_the_line_before_the_sizes_shrank_weigh_the_old_size_until_served() -> None:
+    """Where the controller says the sizes shrank (`heavier_before`), the waiters that joined the line
+    before then weigh its slots each; the model reads each at its own slot (the weight is a guess of
+    the sizes from before); every slot comes back on release, whichever way the request ends."""
+    seen: list[float] = []
+
+    class Shrunk(Fixed):
+        def heavier_before(self) -> tuple[float, float] | None:
+            return (2.0, 3.0)
+
+        def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+            seen.append(in_flight)
+
+    core = GateCore(Shrunk(4), min_limit=1, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
+    running = [core.enter(30.0, 1, None, arrived_s=0.5, now_s=0.5) for _ in range(4)]
+    old = core.arrive(30.0, now_s=1.0)
+    new = core.arrive(30.0, now_s=2.5)
+    assert isinstance(old, Waiter) and isinstance(new, Waiter)
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.0)
+    assert (old.units, new.units) == (3.0, 1.0)
+    tickets = [ticket for ticket in running if ticket is not None]
+    core.release(tickets.pop(), 3.5, Outcome.COMPLETED)
+    assert not old.granted  # three slots of the old size, where one is free: nobody overtakes it
+    core.release(tickets.pop(), 3.6, Outcome.OOM)
+    core.release(tickets.pop(), 3.7, Outcome.FAILED)
+    assert old.granted and not new.granted
+    units, heavier = core.granted(old)
+    assert (units, heavier) == (3.0, 2.0)
+    ticket = core.admitted(3.7, 2.7, units, None, 1, heavier)
+    assert core.limiter.in_flight == 4.0
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.8)
+    assert seen[-1] == 2.0  # two requests run: one of the old size and one from the start
+    core.release(ticket, 4.0, Outcome.COMPLETED)
+    core.release(tickets.pop(), 4.1, Outcome.COMPLETED)
+    assert new.granted
+    assert core.granted(new) == (1.0, 0.0)  # joined after the change: its own slot
+    last = core.admitted(4.1, 1.6)
+    core.release(last, 4.2, Outcome.COMPLETED)
+    assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0

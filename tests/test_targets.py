@@ -104,3 +104,18 @@ def test_the_readme_shows_the_tables_the_results_make() -> None:
     assert summary_rows() and summary_rows()[0] in text
     dated = re.search(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{12,40}\b", text)
     assert dated is None, f"the README holds a date or a commit: {dated.group()}"
+
+
+def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> None:
+    """Arrivals at the capacity the card has once inputs shrink threefold (an unseen draw): the line
+    still holds requests of the old size, served between the new ones (newest first). They weigh the
+    old size's slots while they wait. Weighed as one, each one let in among the new ones ran out of
+    memory with them: 23 OOMs where the reader, which knows each request's bytes, has none."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.unseen import FAMILIES, FITS, draw
+    from benchmarks.virtual import one_run
+
+    scenario = draw(40, FAMILIES["neighbours"], FITS["neighbours"])
+    assert scenario.name == "shrink-40" and "about 6 fit" in scenario.description
+    result = one_run(scenario, AIMD(), "1x", DURATION_S, 1)
+    assert result.ooms <= 1, result.oom_times_s

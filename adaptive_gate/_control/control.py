@@ -313,6 +313,12 @@ class AIMD(_Bounds):
         (`MemoryModel.oldest_in_flight`)."""
         self.memory.oldest_in_flight(arrived_s)
 
+    def heavier_before(self) -> tuple[float, float] | None:
+        """Optional in the protocol, after each reading: where the requests' sizes shrank, when the
+        oldest request read at the new size arrived, and how many slots a request that joined the line
+        before then weighs (`MemoryModel.heavier_before`); None where they did not."""
+        return self.memory.heavier_before()
+
     def units_changed(self) -> None:
         """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
         request. The memory model's line was drawn, and its OOMs' levels counted, in the old slots;

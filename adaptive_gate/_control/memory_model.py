@@ -123,6 +123,10 @@ class MemoryModel:
         # A size an OOM named (`learn_size`) and when: a request holds at least that much while
         # requests that arrived before it run, which may be of the sizes from before.
         self._size_floor: tuple[float, float] | None = None
+        self._oldest_s: float | None = None  # when the oldest request in flight arrived, at the last reading
+        # Where the sizes shrank: when the oldest request read at the smaller size arrived, and the
+        # size from before. Requests that arrived before then may be of that size (`heavier_before`).
+        self._shrunk: tuple[float, float] | None = None
 
     @property
     def learning(self) -> bool:
@@ -243,7 +247,7 @@ class MemoryModel:
         self._recent.clear()
         self._shares.clear()
         self._since_shrink = self._since_sizes = 0
-        self._size_before = None
+        self._size_before = self._shrunk = None
         self.ooms.forget()
 
     def _changed(self) -> None:
@@ -256,6 +260,7 @@ class MemoryModel:
         self._changed()
         self._since_sizes = 0
         self._shares.clear()
+        self._shrunk = None
 
     def _relieve(self, baseline: float, used: float, in_flight: float) -> None:
         """The others hold less than believed, or our requests less (below 0, no others' bytes
@@ -290,7 +295,11 @@ class MemoryModel:
             # The size from before, where it had held for a while: sizes that keep changing (large
             # requests of a route not weighed yet, read as growth and then as shrinking) have none.
             self._size_before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
+            shrunk = self._shrunk  # a shrink read in steps (the mean comes down a share at a time) is one
             self._sizes_changed()
+            if self._size_before is not None and self._oldest_s is not None:
+                shrunk = (self._oldest_s, self._size_before)
+            self._shrunk = shrunk
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
             share = (used - floor) / in_flight
@@ -462,11 +471,21 @@ class MemoryModel:
         down, the limit up, and the next requests of the new size to another OOM. So the size named
         holds until every request in flight arrived after it; from then on the readings describe the
         new sizes."""
+        self._oldest_s = arrived_s
         floor = self._size_floor
         if floor is not None and (arrived_s is None or arrived_s >= floor[1]):
             self._size_floor = None
             if self._per_request is not None:
                 self._per_request = max(self._per_request, floor[0])
+
+    def heavier_before(self) -> tuple[float, float] | None:
+        """Where the sizes shrank and had been settled before: when the oldest request read at the
+        new size arrived, and how many of the new sizes one from before holds (at least 1). A request
+        that arrived before then may be one of those; the gate weighs it so while it waits."""
+        shrunk, per_request = self._shrunk, self._per_request
+        if shrunk is None or per_request is None:
+            return None
+        return shrunk[0], max(1.0, shrunk[1] / per_request)
 
     def explained_by_size(self, level: float, nbytes: float, units: float = 1) -> bool:
         """Whether `level` units in flight, one request of `units` among them asking for `nbytes`,

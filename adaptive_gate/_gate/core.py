@@ -103,6 +103,12 @@ class GateCore(CoreSnapshot):
         oldest_told = getattr(controller, "oldest_in_flight", None)
         self._arrived_s: dict[int, float] | None = None if oldest_told is None else {}
         self._oldest_told: Callable[[float | None], None] = oldest_told or (lambda _: None)
+        # Where the requests' sizes shrank: when, and how many slots a request that joined the line
+        # before then may hold (`heavier_before`, optional in the protocol, asked after each reading).
+        self._heavier_in_flight = 0.0  # of the slots in flight, what requests weigh beyond their own (`granted`)
+        self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
+            controller, "heavier_before", None
+        )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -165,6 +171,13 @@ class GateCore(CoreSnapshot):
         weight = 1.0 if weights is None else weights.by_route.get(route, 1.0)
         return units if weight == 1.0 else units_of_cost(min(MAX_COST, units * weight))
 
+    @staticmethod
+    def granted(waiter: Waiter) -> tuple[float, float]:
+        """What a waiter the line handed its slots to weighs now, for `admitted`: its slots, and of
+        them, what it weighs beyond the slots it took as it joined, where it joined before the sizes
+        shrank and may be one of the old ones (`_reweigh_line`)."""
+        return waiter.units, waiter.units - waiter.weighed
+
     def leave(self, waiter: Waiter, now_s: float) -> None:
         """Give the place back, or the slot if it came meanwhile."""
         self.limiter.leave(waiter, now_s=now_s)
@@ -174,17 +187,31 @@ class GateCore(CoreSnapshot):
         return max(0.0, waiter.latest_start_s - now_s)
 
     def admitted(
-        self, now_s: float, waited_s: float, units: float = 1, route: object = None, requests: float | None = None
+        self,
+        now_s: float,
+        waited_s: float,
+        units: float = 1,
+        route: object = None,
+        requests: float | None = None,
+        heavier: float = 0.0,
     ) -> Ticket:
         """A request holds its `units` slots (from `arrive` or a granted waiter) and starts now.
         `requests`: what it weighs before its route's weight (its `cost`, 1 without; `weigh` made
         `units` of it). None: `units` at the weight of now, which is that only where the weights did
-        not change while it waited."""
+        not change while it waited. `heavier`: of `units`, what it weighs as one from before the
+        sizes shrank (`granted`)."""
         self.queue_wait_s.add(waited_s)
-        return self._hold(now_s, self.limiter.busy_area(now_s), units, route, now_s - waited_s, requests)
+        return self._hold(now_s, self.limiter.busy_area(now_s), units, route, now_s - waited_s, requests, heavier)
 
     def _hold(
-        self, now_s: float, busy_area: float, units: float, route: object, arrived_s: float, requests: float | None
+        self,
+        now_s: float,
+        busy_area: float,
+        units: float,
+        route: object,
+        arrived_s: float,
+        requests: float | None,
+        heavier: float = 0.0,
     ) -> Ticket:
         """The ticket of a request holding its slots from `now_s` (the busy area then), counted, and
         counted in flight for its route (`RouteWeights`) in requests, as it will be given back. A
@@ -203,8 +230,11 @@ class GateCore(CoreSnapshot):
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
+        self._heavier_in_flight += heavier
         in_flight = self.limiter.in_flight
-        return Ticket(now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests)
+        return Ticket(
+            now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests, heavier
+        )
 
     def release(self, ticket: Ticket, now_s: float, outcome: Outcome) -> None:
         """The request ended: its slot goes back, and a success teaches the controller its latency."""
@@ -218,6 +248,7 @@ class GateCore(CoreSnapshot):
             self.requests_by_route[ticket.route] -= ticket.requests
         if self._arrived_s is not None:
             self._arrived_s.pop(ticket.serial, None)
+        self._heavier_in_flight -= ticket.heavier
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -265,7 +296,7 @@ class GateCore(CoreSnapshot):
             worth_now = (
                 limiter.in_flight if self.route_weights is None else self.route_weights.slots(self.requests_by_route)
             )
-            if abs(worth_now - limiter.in_flight) > 0.01 * limiter.in_flight:
+            if abs(worth_now + self._heavier_in_flight - limiter.in_flight) > 0.01 * limiter.in_flight:
                 # Some in flight were weighed before the route weights last changed (those that waited
                 # in the line meanwhile) and hold the slots of then: a large one that took one slot where
                 # it now takes two made the level look smaller than it was. Counted in the slots of now,
@@ -323,14 +354,14 @@ class GateCore(CoreSnapshot):
     def in_flight_now(self) -> InFlight:
         """The requests in flight, in slots and by route. Safe to call from the probe's thread while
         the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
-        return InFlight(self.limiter.in_flight, self.requests_by_route.copy())
+        return InFlight(self.limiter.in_flight, self.requests_by_route.copy(), self._heavier_in_flight)
 
     def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
         """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
-            then = InFlight(self.limiter.in_flight, self.requests_by_route)
+            then = InFlight(self.limiter.in_flight, self.requests_by_route, self._heavier_in_flight)
         if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, then.by_route):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
@@ -340,9 +371,30 @@ class GateCore(CoreSnapshot):
             # what one request asked for says little of another route's: nothing is held from before.
             several = len(self.requests_by_route) > 1
             self._oldest_told(None if several else min(self._arrived_s.values(), default=None))
-        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units)
+        # The model reads each request at its own slots: what the line weighs beyond them is a guess
+        # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units - then.heavier)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)
+        if self._heavier_before is not None and len(self.requests_by_route) <= 1:
+            self._reweigh_line(now_s, self._heavier_before())
+
+    def _reweigh_line(self, now_s: float, heavier: tuple[float, float] | None) -> None:
+        """The requests' sizes shrank (the readings say so) while the line held requests from before:
+        those weigh the slots of the old size until they are served (a slot is now the new, smaller
+        size). Weighed as one slot, an old one let in among new ones ran out of memory, and several
+        at once where a lull served them together. Admission by bytes, as far as the gate knows them:
+        a request that joined after the change weighs its slot."""
+        if heavier is None:
+            return
+        before_s, weight = heavier
+        reweighed = False
+        for waiter in list(self.limiter.line.joined_before(before_s)):
+            units = units_of_cost(min(MAX_COST, waiter.weighed * weight))
+            if units != waiter.units:
+                waiter.units, reweighed = units, True
+        if reweighed:
+            self.limiter.reconsider(now_s)  # lighter than before: some may fit now
 
     def probe_error(self, message: str) -> bool:
         """A failed reading; True when its message differs from the last one (worth a log line)."""

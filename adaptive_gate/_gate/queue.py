@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
+from itertools import takewhile
 
 import anyio
 
@@ -35,7 +37,9 @@ class Waiter:
     holds the reason when the line gave up on it instead ("deadline": it could no longer be served
     before its deadline; "evicted": a more important request took its place)."""
 
-    __slots__ = ("granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "units")
+    __slots__ = (
+        "granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "units", "weighed",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -44,7 +48,8 @@ class Waiter:
         latest_start_s: float = math.inf,
         units: float = 1,
     ) -> None:
-        self.units = units  # the slots it takes (the gate's `cost`)
+        self.units = units  # the slots it takes (the gate's `cost`); more, where it may be of sizes that shrank since
+        self.weighed = units  # the slots it took as it joined the line
         self.granted = False
         self.refused: Reason | None = None
         self._event: anyio.Event | None = None
@@ -92,6 +97,10 @@ class FifoLine(OrderedDict[Waiter, None]):
 
     def remove(self, waiter: Waiter) -> bool:
         return self.pop(waiter, 0) is None
+
+    def joined_before(self, before_s: float) -> Iterator[Waiter]:
+        """The waiters that joined before `before_s`, oldest first."""
+        return takewhile(lambda waiter: waiter.enqueued_s < before_s, self)
 
     def turns(self, priority: int) -> int:
         """How many take turns with a newcomer: nobody, in a single line."""
@@ -159,6 +168,11 @@ class FairLine:
 
     def __bool__(self) -> bool:
         return self._size > 0
+
+    def joined_before(self, before_s: float) -> Iterator[Waiter]:
+        """The waiters that joined before `before_s`, oldest first within each priority."""
+        for level in self._levels.values():
+            yield from takewhile(lambda waiter: waiter.enqueued_s < before_s, level.arrivals)
 
     def __contains__(self, waiter: object) -> bool:
         if not isinstance(waiter, Waiter):

@@ -39,6 +39,7 @@ class InFlight(NamedTuple):
 
     units: float
     by_route: dict[object, float]
+    heavier: float = 0.0  # of `units`, what requests from before the sizes shrank weigh beyond their slot
 
 
 class Outcome(Enum):
@@ -52,7 +53,7 @@ class Ticket:
 
     __slots__ = (
         "admitted_s", "busy_area_at_admission", "epoch", "serial", "in_flight_at_admission", "released",
-        "sending_since_s", "abandoned", "units", "route", "requests",
+        "sending_since_s", "abandoned", "units", "route", "requests", "heavier",
     )  # fmt: skip
 
     def __init__(
@@ -65,9 +66,11 @@ class Ticket:
         units: float = 1,
         route: object = None,
         requests: float | None = None,
+        heavier: float = 0.0,
     ) -> None:
         self.admitted_s = admitted_s
         self.units = units  # what it weighs, in slots (the gate's `cost`; 1 without one)
+        self.heavier = heavier  # of `units`, what it weighs beyond them as one from before the sizes shrank
         self.busy_area_at_admission = busy_area
         self.epoch = epoch
         # Whether it has run alone so far: nothing ran when it came in, and nothing came in since.

@@ -80,6 +80,7 @@ class _Request:
     route: str | None = None
     client: int | None = None  # the closed-loop client that sent it
     requests: float = 1  # what it weighs before its route's weight (`GateCore.admitted`)
+    heavier: float = 0.0  # of `units`, what it weighs as one from before the sizes shrank (`GateCore.granted`)
     remaining_s: float = 0.0
     doomed: bool = False  # it will run out of memory when its remaining work is done
     ticket: Ticket | None = None
@@ -237,7 +238,7 @@ class Run:
 
     def start(self, request: _Request) -> None:
         request.ticket = self.core.admitted(
-            self.now_s, self.now_s - request.arrived_s, request.units, request.route, request.requests
+            self.now_s, self.now_s - request.arrived_s, request.units, request.route, request.requests, request.heavier
         )
         if self.now_s < self.down_until_s:
             self.crashed(request)  # the worker is restarting: whatever it is sent fails
@@ -338,4 +339,6 @@ class Run:
             waiter = next((w for w in self.waiting if w.granted), None)
             if waiter is None:
                 return
-            self.start(self.waiting.pop(waiter))
+            request = self.waiting.pop(waiter)
+            request.units, request.heavier = self.core.granted(waiter)
+            self.start(request)
