@@ -296,8 +296,9 @@ class MemoryModel:
             # requests of a route not weighed yet, read as growth and then as shrinking) have none.
             self._size_before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             shrunk = self._shrunk  # a shrink read in steps (the mean comes down a share at a time) is one
+            mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            if self._size_before is not None and self._oldest_s is not None:
+            if self._size_before is not None and self._oldest_s is not None and not mix:
                 shrunk = (self._oldest_s, self._size_before)
             self._shrunk = shrunk
             self._baseline, self._anchored = floor, True
@@ -483,8 +484,8 @@ class MemoryModel:
         new size arrived, and how many of the new sizes one from before holds (at least 1). A request
         that arrived before then may be one of those; the gate weighs it so while it waits."""
         shrunk, per_request = self._shrunk, self._per_request
-        if shrunk is None or per_request is None:
-            return None
+        if shrunk is None or per_request is None or self.is_mix():
+            return None  # in a mix, the large ones are the tail the cap plans for, not ones from before
         return shrunk[0], max(1.0, shrunk[1] / per_request)
 
     def explained_by_size(self, level: float, nbytes: float, units: float = 1) -> bool:

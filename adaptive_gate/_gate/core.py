@@ -354,14 +354,14 @@ class GateCore(CoreSnapshot):
     def in_flight_now(self) -> InFlight:
         """The requests in flight, in slots and by route. Safe to call from the probe's thread while
         the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
-        return InFlight(self.limiter.in_flight, self.requests_by_route.copy(), self._heavier_in_flight)
+        return InFlight(self.limiter.in_flight, self.requests_by_route.copy())
 
     def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
         """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
-            then = InFlight(self.limiter.in_flight, self.requests_by_route, self._heavier_in_flight)
+            then = InFlight(self.limiter.in_flight, self.requests_by_route)
         if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, then.by_route):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
@@ -373,7 +373,8 @@ class GateCore(CoreSnapshot):
             self._oldest_told(None if several else min(self._arrived_s.values(), default=None))
         # The model reads each request at its own slots: what the line weighs beyond them is a guess
         # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
-        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=then.units - then.heavier)
+        in_flight = max(0.0, then.units - self._heavier_in_flight)
+        self.controller.on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)
         if self._heavier_before is not None and len(self.requests_by_route) <= 1:

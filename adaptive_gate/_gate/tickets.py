@@ -39,7 +39,6 @@ class InFlight(NamedTuple):
 
     units: float
     by_route: dict[object, float]
-    heavier: float = 0.0  # of `units`, what requests from before the sizes shrank weigh beyond their slot
 
 
 class Outcome(Enum):
