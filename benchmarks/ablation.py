@@ -2,8 +2,9 @@
 
 A rule earns its place where some scenario needs it: without it, adaptive falls below the targets
 (0.95 of the reader's goodput, at most the reader's OOMs plus one per change of the card) where it
-met them. Every scenario of `benchmarks.virtual`, both loads, virtual time, one seed: the full
-controller against the same controller with one rule taken out, and the reader beside them.
+met them. Every scenario of `benchmarks.virtual`, both loads, and the draws of `benchmarks.unseen`
+named in `UNSEEN`, virtual time, one seed: the full controller against the same controller with one
+rule taken out, and the reader beside them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 from adaptive_gate.control import AIMD
 
 from .environment import environment
+from .model import Scenario
 from .scenarios import SCENARIOS
+from .unseen import FAMILIES, FITS, draw
 from .virtual import PLAN, Row, one_run, reader_run, row
 
 RESULTS = Path(__file__).parent / "results" / "ablation.json"
@@ -66,6 +69,13 @@ class _OneOomPerPileUp(AIMD):
         pass
 
 
+class _NoOldSizes(AIMD):
+    """Requests that joined the line before their sizes shrank weigh one slot of the new size each."""
+
+    def heavier_before(self) -> None:
+        return None
+
+
 class _WholeSlots(AIMD):
     """Requests that weigh part of a slot fill the limit and no more: the room's part of a slot idles."""
 
@@ -82,18 +92,21 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no twofold growth": without_twofold_growth,
     "one OOM per pile-up": _OneOomPerPileUp,
     "whole slots": _WholeSlots,
+    "no old sizes": _NoOldSizes,
 }
+# Draws of `benchmarks.unseen` where a rule shows its need on a load the plan does not run: inputs that
+# shrink at the capacity, with a line of the old sizes still waiting.
+UNSEEN: list[tuple[str, int, str]] = [("neighbours", 40, "1x")]
 
 
-def ablate(name: str, load: str, duration_s: float, seed: int) -> dict[str, Any]:
-    scenario = SCENARIOS[name]
+def ablate(scenario: Scenario, load: str, duration_s: float, seed: int) -> dict[str, Any]:
     reader = row("reader", reader_run(scenario, load, duration_s, seed))
     variants: dict[str, Row] = {
         variant: row(variant, one_run(scenario, build(), load, duration_s, seed, cost=scenario.cost))
         for variant, build in VARIANTS.items()
     }
     return {
-        "scenario": name,
+        "scenario": scenario.name,
         "load": load,
         "reader_per_s": reader.goodput_per_s,
         "reader_ooms": reader.ooms - reader.too_large,
@@ -112,7 +125,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds per run (default 60)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    table = [ablate(name, load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
+    table = [ablate(SCENARIOS[name], load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
+    for family, seed, load in UNSEEN:
+        table.append(ablate(draw(seed, FAMILIES[family], FITS[family]), load, args.duration, args.seed))
     header = "| scenario | load | " + " | ".join(VARIANTS) + " |"
     print(header)
     print("| --- | --- |" + " --- |" * len(VARIANTS))
