@@ -69,6 +69,9 @@ class SimulatedGPU:
       total (drawn per allocation), as fragmented allocators do. 0 means exact.
     * `knee`: how many concurrent `compute()` calls the card runs at full speed; past it they share
       the card's throughput (processor sharing). `math.inf` means no contention.
+
+    `sample()` reads the card as the `torch` probe does: what is used, and this process's own live
+    bytes (`allocated_bytes`: the baseline and the allocations, not a neighbour's).
     """
 
     # The status marks its readings as simulated (a probe of one's own may say so too).
@@ -125,7 +128,12 @@ class SimulatedGPU:
 
     def sample(self) -> MemorySample:
         with self._lock:
-            return MemorySample(self._used_bytes + self._neighbour_bytes, self.total_bytes, self._oom_count)
+            return MemorySample(
+                self._used_bytes + self._neighbour_bytes,
+                self.total_bytes,
+                self._oom_count,
+                allocated_bytes=self._used_bytes,  # this process's live bytes: the weights and ours
+            )
 
     def restart(self) -> None:
         """The process that holds the model started afresh (a CUDA error poisoned the old one): its

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,23 @@ class _NoOldSizes(AIMD):
         return None
 
 
+class _NoSlotHeldAfterOom(AIMD):
+    """The slot an OOM freed goes to the line at once, not after the next reading."""
+
+    def after_oom(self, in_flight: float) -> None:
+        pass
+
+
+def without_own_count() -> AIMD:
+    """The process's own count of its bytes is not read: the others' bytes are inferred alone."""
+    controller = AIMD()
+    add = controller.memory.add
+    controller.memory.add = lambda now_s, in_flight, used, total, own=None: add(  # type: ignore[method-assign,assignment]
+        now_s, in_flight, used, total
+    )
+    return controller
+
+
 class _WholeSlots(AIMD):
     """Requests that weigh part of a slot fill the limit and no more: the room's part of a slot idles."""
 
@@ -93,10 +111,13 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "one OOM per pile-up": _OneOomPerPileUp,
     "whole slots": _WholeSlots,
     "no old sizes": _NoOldSizes,
+    "no own count": without_own_count,
+    "no slot held after an OOM": _NoSlotHeldAfterOom,
 }
-# Draws of `benchmarks.unseen` where a rule shows its need on a load the plan does not run: inputs that
-# shrink at the capacity, with a line of the old sizes still waiting.
-UNSEEN: list[tuple[str, int, str]] = [("neighbours", 40, "1x")]
+# Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
+# shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
+# our requests free on a card that holds many of them, where those admitted into it fail to allocate.
+UNSEEN: list[tuple[str, int, str]] = [("neighbours", 40, "1x"), ("many", 49, "2x"), ("many", 49, "closed-32")]
 
 
 def ablate(scenario: Scenario, load: str, duration_s: float, seed: int) -> dict[str, Any]:
@@ -127,7 +148,9 @@ def main() -> None:
     args = parser.parse_args()
     table = [ablate(SCENARIOS[name], load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
     for family, seed, load in UNSEEN:
-        table.append(ablate(draw(seed, FAMILIES[family], FITS[family]), load, args.duration, args.seed))
+        scenario = draw(seed, FAMILIES[family], FITS[family])
+        named = replace(scenario, name=f"{scenario.name} (unseen, {family})")
+        table.append(ablate(named, load, args.duration, args.seed))
     header = "| scenario | load | " + " | ".join(VARIANTS) + " |"
     print(header)
     print("| --- | --- |" + " --- |" * len(VARIANTS))

@@ -698,3 +698,72 @@ def test_one_odd_reading_does_not_set_the_slope_of_the_line() -> None:
         if i >= 1:  # the second reading in a row that shows it gone
             assert model.cap() == 8
     assert model.estimate().baseline_bytes == pytest.approx(8 * GiB)  # type: ignore[union-attr]
+
+
+def _steady_on_own_count(memory: MemoryModel, *, own_moves: bool) -> float:
+    """An idle reading and twenty busy ones at five requests of 3 GiB beside 8 GiB of others (our
+    weights among them), the process's own count beside each: with the requests' bytes in it, or
+    standing still (a framework that allocates outside PyTorch's allocator). The time of the last."""
+    memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
+    now_s = 0.0
+    for _ in range(20):
+        now_s += 0.1
+        memory.add(now_s, 5, 23 * GiB, TOTAL, own_bytes=(21 if own_moves else 6) * GiB)
+    assert memory.cap() == 5
+    return now_s
+
+
+def test_a_neighbour_that_takes_the_room_of_requests_that_failed_is_read_from_the_own_count() -> None:
+    """Two requests finish, a neighbour takes their 6 GiB, and the two admitted in their place fail
+    to allocate: they hold nothing, but count as in flight until their OOM is told. The card reads
+    as full as before with five in flight, and from that alone nothing changed (every request
+    admitted meanwhile ran out of memory: 15 where the reader had 3). The process's own count says
+    our five hold 9 GiB, not 15: the others hold 14 GiB, and three fit."""
+    told = MemoryModel()
+    now_s = _steady_on_own_count(told, own_moves=True)
+    told.add(now_s + 0.1, 5, 23 * GiB, TOTAL, own_bytes=15 * GiB)
+    assert told.cap() == 3
+    unread = MemoryModel()
+    now_s = _steady_on_own_count(unread, own_moves=True)
+    unread.add(now_s + 0.1, 5, 23 * GiB, TOTAL)  # a probe that does not tell the process's own bytes
+    assert unread.cap() == 5
+
+
+def test_an_own_count_that_does_not_move_with_the_requests_is_not_believed() -> None:
+    """Where the model runs outside PyTorch's allocator, its count stands still while requests run:
+    read as the others' bytes, every busy reading would be a neighbour's arrival, and the limit 1."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=False)
+    memory.add(now_s + 0.1, 5, 23 * GiB, TOTAL, own_bytes=6 * GiB)
+    assert memory.cap() == 5
+
+
+def test_the_slots_an_oom_freed_wait_for_the_next_reading() -> None:
+    """Seven were admitted before the readings showed that five fit; one of them runs out of memory.
+    The model already says five, so the OOM bars nothing below it, and four stay in flight. Refilled
+    at once, the freed slot went to a request that ran out too, where a neighbour that takes what
+    our requests free had grown since the reading (a pile-up one OOM at a time). It waits for the
+    next reading, which says what the card holds now."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c)
+    assert c.limit == 5
+    c.on_oom(now_s=now_s + 0.01, epoch=c.epoch, in_flight=7)
+    assert c.limit == 5
+    c.after_oom(4.0)
+    assert c.limit == 4 and c.budget == 4.0
+    described = c.describe()
+    assert described["bound"] == "oom" and "until the next reading" in described["why"]
+    c.after_oom(4.5)  # a later one with more in flight does not raise it
+    assert c.limit == 4
+    c.on_sample(now_s=now_s + 0.1, sample=MemorySample(20 * GiB, TOTAL), in_flight=4)
+    assert c.limit == 5 and c.describe()["bound"] == "memory"
+
+
+def test_without_readings_an_oom_holds_no_slot_back_for_a_reading() -> None:
+    c = AIMD()
+    bound(c, initial=8)
+    c.on_oom(now_s=1.0, epoch=c.epoch, in_flight=8)
+    assert c.limit == 4
+    c.after_oom(2.0)  # no reading will come to release it: AIMD's cut is the answer
+    assert c.limit == 4

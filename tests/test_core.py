@@ -260,3 +260,43 @@ def test_requests_that_joined_the_line_before_the_sizes_shrank_weigh_the_old_siz
     last = core.admitted(4.1, 1.6)
     core.release(last, 4.2, Outcome.COMPLETED)
     assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
+
+
+def test_an_oom_tells_the_controller_what_stays_in_flight_and_no_waiter_takes_its_slot() -> None:
+    """Before the failed request's slot goes back: the controller hears what stays in flight once it
+    has left (`after_oom`), so a waiter does not take the slot before the next reading, whichever
+    order the driver tells the OOM and the release in. The request was admitted with six in flight,
+    where the model now says five fit: the OOM bars nothing below five."""
+    told: list[float] = []
+
+    class Listening(AIMD):
+        def after_oom(self, in_flight: float) -> None:
+            told.append(in_flight)
+            super().after_oom(in_flight)
+
+    core = GateCore(Listening(), min_limit=1, max_limit=8, initial_limit=6, max_queue=8, max_retry_after_s=60)
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 0.0)
+    tickets = [core.enter(30.0, 1, None, arrived_s=0.1, now_s=0.1) for _ in range(6)]
+    assert all(ticket is not None for ticket in tickets)
+    for ticket in tickets[:3]:
+        assert ticket is not None
+        core.release(ticket, 0.2, Outcome.COMPLETED)
+    core.sample(MemorySample(17 * GiB, 24 * GiB), 0.3)  # three of 3 GiB beside 8: five fit
+    assert core.limiter.limit == 5
+    admissions = [core.arrive(30.0, now_s=0.35) for _ in range(3)]
+    assert admissions[:2] == [ADMITTED, ADMITTED] and admissions[2] is not ADMITTED
+    for _ in range(2):
+        core.admitted(0.35, 0.0)
+    failed = tickets[5]
+    assert failed is not None
+    assert not core.oom(failed, 0.4, tried_bytes=3 * GiB)
+    assert told == [4.0] and core.limiter.limit == 4
+    core.release(failed, 0.4, Outcome.OOM)
+    assert core.limiter.in_flight == 4 and core.limiter.queued == 1  # the waiter did not take the slot
+    core.sample(MemorySample(20 * GiB, 24 * GiB), 0.5)  # four hold 12 GiB: five fit
+    assert core.limiter.limit == 5 and core.limiter.queued == 0 and core.limiter.in_flight == 5
+    other = tickets[4]
+    assert other is not None
+    core.release(other, 0.6, Outcome.OOM)  # told after its release: nothing of it stays in flight
+    core.oom(other, 0.6, tried_bytes=3 * GiB)
+    assert told[-1] == core.limiter.in_flight == 4

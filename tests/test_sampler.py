@@ -144,7 +144,7 @@ async def test_without_lifespan_the_first_reading_comes_before_the_first_admissi
         gate = find_gate(app)
         assert gate.statistics().probe.running
         await gate.aclose()
-    assert seen_at_admission == [MemorySample(1 * GiB, 8 * GiB, 0)]
+    assert seen_at_admission == [MemorySample(1 * GiB, 8 * GiB, 0, allocated_bytes=1 * GiB)]
     assert not gate.statistics().probe.running
 
 

@@ -19,7 +19,10 @@ GiB = 2**30
 def test_allocations_fit_then_oom_and_are_counted() -> None:
     gpu = SimulatedGPU(24 * GiB, baseline_bytes=8 * GiB)
     with gpu.allocate(3 * GiB), gpu.allocate(3 * GiB):
-        assert gpu.sample() == MemorySample(14 * GiB, 24 * GiB, 0)
+        assert gpu.sample() == MemorySample(14 * GiB, 24 * GiB, 0, allocated_bytes=14 * GiB)
+        gpu.set_neighbour(2 * GiB)  # another process's bytes are on the card, not in this process's count
+        assert gpu.sample() == MemorySample(16 * GiB, 24 * GiB, 0, allocated_bytes=14 * GiB)
+        gpu.set_neighbour(0)
         with pytest.raises(torch.cuda.OutOfMemoryError) as raised, gpu.allocate(11 * GiB):
             pass
         assert is_oom(raised.value)

@@ -41,7 +41,8 @@ MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is 
 class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
-    `allocation_failed(nbytes, units)`, `oldest_in_flight(arrived_s)` (before each reading: when the
+    `allocation_failed(nbytes, units)`, `after_oom(in_flight)` (the slots still in flight once an
+    OOM's request left), `oldest_in_flight(arrived_s)` (before each reading: when the
     oldest request in flight arrived; None when none runs, or where several routes are gated), and
     the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
     to under the next whole slot)."""
@@ -177,6 +178,8 @@ class AIMD(_Bounds):
         self._allocation: tuple[float, float] | None = None
         # The last correction's pile-up, while its OOMs come in: the level then, and how many ran out
         self._pile: tuple[int, int] | None = None
+        # Until the next reading, the most the limit may be after an OOM (`after_oom`); None: no such hold
+        self._until_reading: int | None = None
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -291,10 +294,23 @@ class AIMD(_Bounds):
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self._now_s = max(self._now_s, now_s)
-        self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes)
+        self._until_reading = None
+        self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         # Up at most twofold a reading: the first readings are of few requests, and in a mix of
         # sizes one small one read alone sized the card for ten, and ten ran out of memory at once.
         self._update("memory", at_most=2 * self._limit)
+
+    def after_oom(self, in_flight: float) -> None:
+        """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
+        request has left. Where memory is read, the limit is at most that until the next reading: the
+        room the failed request did not get was taken by something the model has not read yet (a
+        neighbour that takes what our requests free grows between readings), and a slot refilled at
+        once ran out of memory again, one for each of a pile-up's OOMs."""
+        if not self._reads_memory():
+            return
+        held = max(self.min_limit, math.floor(in_flight + 1e-9))
+        self._until_reading = held if self._until_reading is None else min(self._until_reading, held)
+        self._update("out of memory", at_most=self._limit)
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
         """Optional in the protocol, called before `on_oom`: the OOM of a request of `units` named
@@ -360,6 +376,8 @@ class AIMD(_Bounds):
         cap = self.memory.cap(self._now_s)
         if cap is None:
             return self._aimd_limit, "controller"
+        if self._until_reading is not None and self._until_reading < cap:
+            return self._until_reading, "oom"
         if self.memory.ooms.describe(self._now_s, self.memory.room()) is not None and cap == self._oom_cap():
             return cap, "oom"
         return cap, "memory"
@@ -392,6 +410,8 @@ class AIMD(_Bounds):
             f"{room_gib:.2f} GiB of room beside {est.baseline_bytes / GiB:.2f} GiB of others', "
             f"{est.per_request_bytes / GiB:.2f} GiB a request"
         )
+        if bound == "oom" and self._until_reading is not None and self._until_reading == self._wanted()[0]:
+            return f"out of memory with {self._until_reading} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())
             assert state is not None
@@ -401,6 +421,8 @@ class AIMD(_Bounds):
 
     def _update(self, reason: str, at_most: int | None = None) -> None:
         wanted = self._wanted()[0]
+        if self._until_reading is not None:
+            at_most = self._until_reading if at_most is None else min(at_most, self._until_reading)
         new_limit = self._clamp(wanted if at_most is None else min(wanted, at_most))
         if new_limit != self._limit:
             self._reason = reason

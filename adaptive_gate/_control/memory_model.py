@@ -46,6 +46,7 @@ WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over 
 # sits a little above the middle (a third of the readings above it): readings below are as often
 # requests not yet allocated as small ones.
 SHARE_UP, SHARE_DOWN = 0.2, 0.1
+OWN_SHARE = 0.5  # the least of its requests' bytes the process's own count must show to be believed
 HOLLOW_SHARE = 0.25  # a reading whose requests hold less than this of the mean each teaches no size
 SHARE_SHRUNK = 0.25  # where two readings in a row say requests hold less than the others' bytes allow
 # The least a request (or unit of cost) is taken to hold, as a share of the card: > 0, or a reading
@@ -123,6 +124,11 @@ class MemoryModel:
         # A size an OOM named (`learn_size`) and when: a request holds at least that much while
         # requests that arrived before it run, which may be of the sizes from before.
         self._size_floor: tuple[float, float] | None = None
+        # This process's live bytes with nothing of ours in flight (the least read), and what our
+        # requests held by that count at the last reading (None where the probe does not tell).
+        self._own_idle: int | None = None
+        self._ours: float | None = None
+        self._own_agrees = False  # whether that count told our requests' bytes at the last busy reading
         self._oldest_s: float | None = None  # when the oldest request in flight arrived, at the last reading
         # Where the sizes shrank: when the oldest request read at the smaller size arrived, and the
         # size from before. Requests that arrived before then may be of that size (`heavier_before`).
@@ -134,15 +140,47 @@ class MemoryModel:
         known = self._per_request is not None and self._baseline is not None  # estimate() without building one
         return self.samples > 0 and not known and self.busy_samples < BLIND_GROWTH_AFTER_SAMPLES
 
-    def add(self, now_s: float, in_flight: float, used_bytes: int, total_bytes: int) -> None:
+    def add(
+        self, now_s: float, in_flight: float, used_bytes: int, total_bytes: int, own_bytes: int | None = None
+    ) -> None:
+        """One reading: `used_bytes` of `total_bytes` on the card with `in_flight` requests (units) of
+        ours running; `own_bytes`, where the probe knows it, what this process's allocator holds in
+        live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
         try:
+            self._read_own(in_flight, own_bytes)
             self._learn(in_flight, float(used_bytes))
+            self._own_agrees = self._own_told(in_flight, float(used_bytes))
             if self._anchored:
                 self._anchor = self._baseline
         finally:
             self.ooms.observe(now_s, self.room())
+
+    def _read_own(self, in_flight: float, own_bytes: int | None) -> None:
+        """What our requests hold by this process's own count, where the probe knows it: its live
+        bytes beyond the least it held with none of ours in flight (the weights). That least, not
+        the latest: a reading of the others from it can only fall short of theirs, never raise them
+        by bytes of ours (a workspace created at the first request stays ours)."""
+        self._ours = None
+        if own_bytes is None:
+            return
+        if in_flight <= 0:
+            self._own_idle = own_bytes if self._own_idle is None else min(self._own_idle, own_bytes)
+        elif self._own_idle is not None:
+            self._ours = float(max(0, own_bytes - self._own_idle))
+
+    def _own_told(self, in_flight: float, used: float) -> bool:
+        """Whether the process's own count told our requests' bytes at this busy reading: they showed
+        in it, and the card less them was the others' bytes the model holds. Only then is the next
+        reading's count believed where it tells another story (`_read_busy`): a framework that
+        allocates outside PyTorch's allocator, whose count stands still or shows part of a request,
+        never gets there."""
+        mean, others = self._per_request, self._baseline
+        if self._ours is None or mean is None or others is None:
+            return self._own_agrees if in_flight <= 0 else False
+        tolerance_bytes = HOLLOW_SHARE * mean + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
+        return self._ours >= OWN_SHARE * mean * in_flight and abs(used - self._ours - others) <= tolerance_bytes
 
     def _learn(self, in_flight: float, used: float) -> None:
         self.busy_samples += in_flight > 0
@@ -200,6 +238,15 @@ class MemoryModel:
         # three times its usual move.
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
         noise_bytes = max(NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight), 3 * usual_move)
+        if (
+            self._ours is not None
+            and self._own_agrees
+            and used - self._ours > max(moved_baseline, self._baseline) + noise_bytes
+        ):
+            # The others rose where the count of ours hid it: a neighbour took the room of requests
+            # that finished, and the requests admitted into it failed to allocate (they hold nothing,
+            # and count as in flight until their OOM is told). The process's own count tells.
+            moved_baseline = used - self._ours
         jumped = self._jumped(moved_baseline)
         rise, self._rise = self._rise, None
         if rise is not None and moved_baseline <= rise[0] + noise_bytes:

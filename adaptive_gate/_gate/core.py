@@ -305,6 +305,9 @@ class GateCore(CoreSnapshot):
                 level *= worth_now / limiter.in_flight
                 told = getattr(self.controller, "on_swallowed_oom", told)
             told(now_s=now_s, epoch=ticket.epoch, in_flight=level)
+            after_oom = getattr(self.controller, "after_oom", None)  # optional in the protocol
+            if after_oom is not None:
+                after_oom(limiter.in_flight - (0.0 if ticket.released else ticket.units))
             self._apply_limit(now_s)
         return too_large
 
