@@ -2,8 +2,9 @@
 
 A rule earns its place where some scenario needs it: without it, adaptive falls below the targets
 (0.95 of the reader's goodput, at most the reader's OOMs plus one per change of the card) where it
-met them. Every scenario of `benchmarks.virtual`, both loads, and the draws of `benchmarks.unseen`
-named in `UNSEEN`, virtual time, one seed: the full controller against the same controller with one
+met them. Every scenario of `benchmarks.virtual`, both loads, the draws of `benchmarks.unseen`
+named in `UNSEEN`, and the scenarios in `UNOWNED` read without the process's own count, virtual
+time, one seed: the full controller against the same controller with one
 rule taken out, and the reader beside them.
 """
 
@@ -48,14 +49,11 @@ def without_allocation_sizes() -> AIMD:
     return controller
 
 
-def without_twofold_growth() -> AIMD:
+class _NoTwofoldGrowth(AIMD):
     """The limit jumps to what the model says at once, from the first reading on."""
-    controller = AIMD()
-    controller.on_sample = lambda *, now_s, sample, in_flight: (  # type: ignore[method-assign]
-        controller.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes),
-        controller._update("memory"),
-    )[-1]
-    return controller
+
+    def _most_after_reading(self) -> None:
+        return None
 
 
 class _OneOomPerPileUp(AIMD):
@@ -84,14 +82,19 @@ class _NoSlotHeldAfterOom(AIMD):
         pass
 
 
-def without_own_count() -> AIMD:
-    """The process's own count of its bytes is not read: the others' bytes are inferred alone."""
-    controller = AIMD()
+def unowned(controller: AIMD) -> AIMD:
+    """`controller` reading the card as a probe that does not tell the process's own bytes does (NVML
+    alone): the others' bytes are inferred from the count in flight alone."""
     add = controller.memory.add
     controller.memory.add = lambda now_s, in_flight, used, total, own=None: add(  # type: ignore[method-assign,assignment]
         now_s, in_flight, used, total
     )
     return controller
+
+
+def without_own_count() -> AIMD:
+    """The process's own count of its bytes is not read."""
+    return unowned(AIMD())
 
 
 class _WholeSlots(AIMD):
@@ -107,7 +110,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no OOM bars": without_oom_bars,
     "no mix tail": without_mix_tail,
     "no allocation sizes": without_allocation_sizes,
-    "no twofold growth": without_twofold_growth,
+    "no twofold growth": _NoTwofoldGrowth,
     "one OOM per pile-up": _OneOomPerPileUp,
     "whole slots": _WholeSlots,
     "no old sizes": _NoOldSizes,
@@ -118,12 +121,18 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
 # our requests free on a card that holds many of them, where those admitted into it fail to allocate.
 UNSEEN: list[tuple[str, int, str]] = [("neighbours", 40, "1x"), ("many", 49, "2x"), ("many", 49, "closed-32")]
+# Scenarios run once more with a probe that does not tell the process's own bytes (NVML alone, or a
+# model outside PyTorch's allocator), where the rules that read OOMs stand in for that count.
+UNOWNED = ["small-neighbour", "survived-neighbour"]
 
 
-def ablate(scenario: Scenario, load: str, duration_s: float, seed: int) -> dict[str, Any]:
+def ablate(scenario: Scenario, load: str, duration_s: float, seed: int, *, own: bool = True) -> dict[str, Any]:
     reader = row("reader", reader_run(scenario, load, duration_s, seed))
     variants: dict[str, Row] = {
-        variant: row(variant, one_run(scenario, build(), load, duration_s, seed, cost=scenario.cost))
+        variant: row(
+            variant,
+            one_run(scenario, build() if own else unowned(build()), load, duration_s, seed, cost=scenario.cost),
+        )
         for variant, build in VARIANTS.items()
     }
     return {
@@ -151,6 +160,9 @@ def main() -> None:
         scenario = draw(seed, FAMILIES[family], FITS[family])
         named = replace(scenario, name=f"{scenario.name} (unseen, {family})")
         table.append(ablate(named, load, args.duration, args.seed))
+    for name in UNOWNED:
+        named = replace(SCENARIOS[name], name=f"{name} (no own count)")
+        table.extend(ablate(named, load, args.duration, args.seed, own=False) for load in PLAN[name])
     header = "| scenario | load | " + " | ".join(VARIANTS) + " |"
     print(header)
     print("| --- | --- |" + " --- |" * len(VARIANTS))

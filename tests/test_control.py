@@ -767,3 +767,19 @@ def test_without_readings_an_oom_holds_no_slot_back_for_a_reading() -> None:
     assert c.limit == 4
     c.after_oom(2.0)  # no reading will come to release it: AIMD's cut is the answer
     assert c.limit == 4
+
+
+def test_a_level_the_model_took_for_a_fit_within_its_slack_is_barred_when_it_runs_out() -> None:
+    """Room for 20.99 requests is room for 21 (a hundredth of a request is estimation error). When 21
+    then run out of memory, the model was wrong, not behind the card: the level is barred. Taken for
+    an OOM the readings explained (the room then below the level), it was tried again at the end of
+    each request, and ran out each time (an OOM every 0.3 s for 15 s, beside a neighbour read exactly)."""
+    from adaptive_gate._control.oom_states import OomStates
+
+    states = OomStates()
+    states.record(10.0, 21, 20.993)
+    assert states.barred_from(10.5, 20.993) == 21
+    assert states.barred_from(10.5, 22.0) is None  # a whole request roomier: tried again
+    explained = OomStates()
+    explained.record(10.0, 23, 20.993)  # admitted before a neighbour was read: the model says 21 now
+    assert explained.barred_from(10.5, 20.993) == 23

@@ -296,9 +296,12 @@ class AIMD(_Bounds):
         self._now_s = max(self._now_s, now_s)
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
-        # Up at most twofold a reading: the first readings are of few requests, and in a mix of
-        # sizes one small one read alone sized the card for ten, and ten ran out of memory at once.
-        self._update("memory", at_most=2 * self._limit)
+        self._update("memory", at_most=self._most_after_reading())
+
+    def _most_after_reading(self) -> int | None:
+        """Up at most twofold a reading: the first readings are of few requests, and in a mix of
+        sizes one small one read alone sized the card for ten, and ten ran out of memory at once."""
+        return 2 * self._limit
 
     def after_oom(self, in_flight: float) -> None:
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
@@ -306,8 +309,8 @@ class AIMD(_Bounds):
         room the failed request did not get was taken by something the model has not read yet (a
         neighbour that takes what our requests free grows between readings), and a slot refilled at
         once ran out of memory again, one for each of a pile-up's OOMs."""
-        if not self._reads_memory():
-            return
+        if not self._reads_memory() or self.memory.is_mix():
+            return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         self._until_reading = held if self._until_reading is None else min(self._until_reading, held)
         self._update("out of memory", at_most=self._limit)

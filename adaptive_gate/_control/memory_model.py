@@ -238,10 +238,13 @@ class MemoryModel:
         # three times its usual move.
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
         noise_bytes = max(NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight), 3 * usual_move)
+        # The others' bytes before a rise that the next reading has yet to confirm: the one it read
+        # (a rise the own count read is the others', whatever the count in flight says next).
+        before = self._baseline if self._rise is None else self._rise[0]
         if (
             self._ours is not None
             and self._own_agrees
-            and used - self._ours > max(moved_baseline, self._baseline) + noise_bytes
+            and used - self._ours > max(moved_baseline, before) + noise_bytes
         ):
             # The others rose where the count of ours hid it: a neighbour took the room of requests
             # that finished, and the requests admitted into it failed to allocate (they hold nothing,

@@ -91,10 +91,12 @@ def _bars(state: list[float], now_s: float, room: float) -> bool:
     readings after it explained it (the room then was less than its level: a neighbour came), it
     bars its level until the model says the level fits again: a neighbour smaller than a request
     leaves less than `ROOM_MARGIN` to come back. Where they did not (the model said it fitted, and
-    it did not), the card must read `ROOM_MARGIN` roomier than then."""
+    it did not: room within `FIT_SLACK` of the level counts as a fit, so a level read as 20.99 that
+    ran out is barred, not tried again at every request's end), the card must read `ROOM_MARGIN`
+    roomier than then."""
     level, room_then, _, until_s = state[:4]
     if now_s >= until_s:
         return False
-    if room_then < level:
+    if room_then + FIT_SLACK < level:  # the model did not take the level for a fit then (`FIT_SLACK`)
         return room + FIT_SLACK < level
     return room + FIT_SLACK < room_then + ROOM_MARGIN
