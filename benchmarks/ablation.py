@@ -56,18 +56,6 @@ class _NoTwofoldGrowth(AIMD):
         return None
 
 
-class _OneOomPerPileUp(AIMD):
-    """The OOMs of a pile-up after its first teach nothing: the limit steps down one per correction."""
-
-    @property
-    def _pile(self) -> None:
-        return None
-
-    @_pile.setter
-    def _pile(self, value: object) -> None:
-        pass
-
-
 class _NoOldSizes(AIMD):
     """Requests that joined the line before their sizes shrank weigh one slot of the new size each."""
 
@@ -111,7 +99,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no mix tail": without_mix_tail,
     "no allocation sizes": without_allocation_sizes,
     "no twofold growth": _NoTwofoldGrowth,
-    "one OOM per pile-up": _OneOomPerPileUp,
     "whole slots": _WholeSlots,
     "no old sizes": _NoOldSizes,
     "no own count": without_own_count,

@@ -263,21 +263,26 @@ def test_a_bar_the_readings_explain_lifts_as_soon_as_its_level_fits_again() -> N
     assert c.limit == 5 and c.describe()["oom"] is None
 
 
-def test_each_oom_of_one_pile_up_is_one_more_that_did_not_fit() -> None:
+def test_the_ooms_of_one_pile_up_leave_what_fits_and_the_next_reading_reads_what_took_the_room() -> None:
     """A neighbour took the room of five of eight requests between two readings: the readings
-    cannot tell its bytes from ours (the requests that ran out hold none), only the OOMs can. Five
-    ran out from one limit: three fit, where one step down per OOM limit took five limits (and
-    their OOMs) to find it."""
+    cannot tell its bytes from ours while the five that ran out count as in flight (they hold none),
+    only the OOMs can. Each OOM's slot waits for the next reading, so three stay in flight; that
+    reading, without the five, shows the neighbour's 10 GiB as the others' rise, and three fit.
+    (Where each OOM of the pile-up stepped the limit down one at a time, it took five limits, and
+    their OOMs, to find three.)"""
     c = AIMD()
     bound(c, initial=1)
-    learned(c, request_gib=2, levels=(1, 2, 4, 7))
+    now_s = learned(c, request_gib=2, levels=(1, 2, 4, 7))
     assert c.limit == 8
     epoch = c.epoch
-    for _ in range(5):
-        c.on_oom(now_s=1.0, epoch=epoch, in_flight=8)
+    for failed in range(1, 6):
+        c.on_oom(now_s=now_s + 0.05, epoch=epoch, in_flight=8)
+        c.after_oom(8.0 - failed)
     assert c.limit == 3 and c.epoch == epoch + 1
-    c.on_oom(now_s=1.0, epoch=epoch - 1, in_flight=8)  # older than the pile-up: nothing new
+    c.on_oom(now_s=now_s + 0.05, epoch=epoch - 1, in_flight=8)  # older than the pile-up: nothing new
     assert c.limit == 3
+    c.on_sample(now_s=now_s + 0.1, sample=MemorySample((8 + 10 + 3 * 2) * GiB, TOTAL), in_flight=3)
+    assert c.limit == 3 and c.describe()["bound"] == "memory"
 
 
 def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_limit() -> None:
@@ -783,3 +788,20 @@ def test_a_level_the_model_took_for_a_fit_within_its_slack_is_barred_when_it_run
     explained = OomStates()
     explained.record(10.0, 23, 20.993)  # admitted before a neighbour was read: the model says 21 now
     assert explained.barred_from(10.5, 20.993) == 23
+
+
+def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothing() -> None:
+    """A neighbour takes 7 GiB: the reading shows the others' rise, by the count in flight and by
+    the own count alike. At the next, three of the five in flight failed to allocate and hold
+    nothing: by the count in flight the card reads emptier than before the neighbour came, as if
+    the rise had been our requests (taken back, it was taught as their size, and the limit fell
+    below the fit). The own count reads the neighbour still there: three fit beside it."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    memory.add(now_s + 0.1, 3, (8 + 7 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
+    assert memory.cap() == 3
+    memory.add(now_s + 0.2, 5, (8 + 7 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None and memory.cap() == 3
+    assert estimate.baseline_bytes == pytest.approx(15 * GiB, rel=0.01)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)

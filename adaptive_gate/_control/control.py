@@ -176,8 +176,6 @@ class AIMD(_Bounds):
         self.ooms_seen = 0
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
-        # The last correction's pile-up, while its OOMs come in: the level then, and how many ran out
-        self._pile: tuple[int, int] | None = None
         # Until the next reading, the most the limit may be after an OOM (`after_oom`); None: no such hold
         self._until_reading: int | None = None
 
@@ -250,16 +248,10 @@ class AIMD(_Bounds):
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
             mix = self.memory.is_mix()
             if epoch is not None and epoch < self._epoch:
-                # Admitted before the last correction: the same pile-up. Each more of it that ran out
-                # is one more of the level then that did not fit (a neighbour that took the room of
-                # five requests shows as five OOMs at once, where no reading tells its bytes from ours).
-                if epoch == self._epoch - 1 and self._pile is not None and placed and not stray and not mix:
-                    level_then, failed = self._pile
-                    self._pile = (level_then, failed + 1)
-                    self.memory.ooms.record(now_s, max(self.min_limit + 1, level_then - failed), self.memory.room())
-                    self._update("out of memory", at_most=self._limit)
+                # Admitted before the last correction: the same pile-up, corrected already. The slots
+                # its OOMs free wait for the next reading (`after_oom`), which reads the card without
+                # them: what took their room shows then.
                 return
-            self._pile = None
             if placed and mix:
                 self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
             elif not learned:
@@ -270,7 +262,6 @@ class AIMD(_Bounds):
                 # shrank), which says little of how many of the model's requests fit.
                 load = max(in_flight, level - 1)
                 self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed and not stray, load=load)
-                self._pile = (level, 1)
             self._epoch += 1
             self._update("out of memory", at_most=self._limit)  # an OOM never raises the limit
             return
