@@ -124,7 +124,7 @@ class MemoryModel:
         # A size an OOM named (`learn_size`) and when: a request holds at least that much while
         # requests that arrived before it run, which may be of the sizes from before.
         self._size_floor: tuple[float, float] | None = None
-        # This process's live bytes with nothing of ours in flight (the least read), and what our
+        # This process's live bytes with nothing of ours in flight (the last read), and what our
         # requests held by that count at the last reading (None where the probe does not tell).
         self._own_idle: int | None = None
         self._ours: float | None = None
@@ -159,14 +159,17 @@ class MemoryModel:
 
     def _read_own(self, in_flight: float, own_bytes: int | None) -> None:
         """What our requests hold by this process's own count, where the probe knows it: its live
-        bytes beyond the least it held with none of ours in flight (the weights). That least, not
-        the latest: a reading of the others from it can only fall short of theirs, never raise them
-        by bytes of ours (a workspace created at the first request stays ours)."""
+        bytes beyond what it held at the last reading with none of ours in flight (the weights, and
+        what stays after the first request, such as a workspace). The last, not the least: weights
+        loaded after the first reading (a lifespan that loads the model while the sampler runs) are
+        the process's at rest. An idle reading that caught a request's tensors not yet freed reads
+        ours short, and the card less them disagrees with the model: the count is not believed
+        until a reading agrees again (`_own_told`)."""
         self._ours = None
         if own_bytes is None:
             return
         if in_flight <= 0:
-            self._own_idle = own_bytes if self._own_idle is None else min(self._own_idle, own_bytes)
+            self._own_idle = own_bytes
         elif self._own_idle is not None:
             self._ours = float(max(0, own_bytes - self._own_idle))
 
