@@ -707,8 +707,9 @@ def test_one_odd_reading_does_not_set_the_slope_of_the_line() -> None:
 
 def _steady_on_own_count(memory: MemoryModel, *, own_moves: bool) -> float:
     """Idle readings before and after the weights were loaded, and twenty busy ones at five requests
-    of 3 GiB beside 8 GiB of others (our weights among them), the process's own count beside each: with the requests' bytes in it, or
-    standing still (a framework that allocates outside PyTorch's allocator). The time of the last."""
+    of 3 GiB beside 8 GiB of others (our weights among them), the process's own count beside each:
+    with the requests' bytes in it, or standing still (a framework that allocates outside PyTorch's
+    allocator). The time of the last."""
     memory.add(0.0, 0, 2 * GiB, TOTAL, own_bytes=0)  # before the lifespan loaded the weights
     memory.add(0.05, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
     now_s = 0.05
