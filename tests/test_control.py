@@ -682,6 +682,42 @@ def test_a_stale_huge_request_estimate_is_forgotten_when_readings_say_otherwise(
     assert cap is not None and cap > 50
 
 
+def test_a_spread_learned_from_a_few_large_requests_is_forgotten_when_every_reading_is_small() -> None:
+    """Found by hypothesis: three busy readings (15 GiB at six, the whole card at five, 12 GiB at
+    five) left a mix of 2.9 GiB a request with a spread of 3.5. Every later reading, 1% of the card
+    a request, was within that spread's noise and under a quarter of the mean, so it taught nothing:
+    the limit stayed at 5 where 64 fit."""
+    c = AIMD()
+    bound(c, max_limit=64)
+    for i, (share, n) in enumerate([(0.0, 0), (0.625, 6), (1.0, 5), (0.5, 5)]):
+        c.on_sample(now_s=i * 0.05, sample=MemorySample(int(share * TOTAL), TOTAL), in_flight=n)
+    assert c.memory.is_mix()
+    for i in range(10):
+        c.on_sample(now_s=10.0 + i * 0.01, sample=MemorySample(0, TOTAL), in_flight=0)
+    stuck = c.limit
+    for i in range(12):  # a little over a second of readings: five requests hold 1% of the card each
+        c.on_sample(now_s=11.0 + i * 0.1, sample=MemorySample(5 * TOTAL // 100, TOTAL), in_flight=5)
+    assert not c.memory.is_mix()
+    cap = c.memory.cap()
+    assert cap is not None and cap > 50 and c.limit > stuck
+
+
+def test_requests_that_hold_nothing_between_ooms_do_not_shrink_a_mix() -> None:
+    """The same readings with an OOM after each are requests that failed to allocate, which hold
+    nothing, not small ones: the mix's sizes stay."""
+    c = AIMD()
+    bound(c, max_limit=64)
+    for i, (share, n) in enumerate([(0.0, 0), (0.625, 6), (1.0, 5), (0.5, 5)]):
+        c.on_sample(now_s=i * 0.05, sample=MemorySample(int(share * TOTAL), TOTAL), in_flight=n)
+    for i in range(10):
+        c.on_sample(now_s=10.0 + i * 0.01, sample=MemorySample(0, TOTAL), in_flight=0)
+    size = c.memory.estimate()
+    for i in range(15):  # more than the hollow readings that say requests hold that little, with no OOM
+        c.on_sample(now_s=11.0 + i * 0.1, sample=MemorySample(5 * TOTAL // 100, TOTAL), in_flight=5)
+        c.on_oom(now_s=11.05 + i * 0.1, epoch=c.epoch, in_flight=5)
+    assert c.memory.is_mix() and c.memory.estimate() == size
+
+
 def test_one_odd_reading_does_not_set_the_slope_of_the_line() -> None:
     """Found in review: after one reading 3.6 GiB high (a neighbour's blip) at six in flight, then
     readings at five only, the line through the blip and the fives was fitted (two levels, no

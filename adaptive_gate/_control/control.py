@@ -243,6 +243,7 @@ class AIMD(_Bounds):
         self.ooms_seen += 1
         level = max(self.min_limit + 1, math.ceil(in_flight))
         if self._reads_memory():
+            self.memory.failed()
             allocation, self._allocation = self._allocation, None
             learned = allocation is not None and self.memory.learn_size(allocation[0], allocation[1], now_s)
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])

@@ -102,6 +102,7 @@ class MemoryModel:
         self._spread_sq = 0.0  # variance of one request's bytes
         # (share of one request, in flight) of the busy readings within the spread since the change
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
+        self._hollow: list[tuple[float, float]] = []  # the hollow readings in a row since the last OOM
         # Lower baselines seen in the last readings: believed when RELIEF_READINGS in a row agree.
         self._pending_relief: list[float] = []
         # The last reading's rise of the others' bytes, until the next confirms it: (the others'
@@ -367,8 +368,20 @@ class MemoryModel:
         their spread is that of the readings above the mean since the sizes last changed."""
         if self._per_request is not None and share < HOLLOW_SHARE * self._per_request:
             # Requests in flight that hold next to nothing: admitted and not allocated yet, or failing
-            # before they allocate (a 4xx from the route, a worker that went down). No size to learn.
+            # before they allocate (a 4xx from the route, a worker that went down). No size to learn
+            # from one; `SETTLED_READINGS` in a row with no OOM between them are requests that hold
+            # that little (a mix whose spread, learned from a few large ones, put every later
+            # reading within its noise: the limit stayed at 5 where 64 fit).
+            held = share * in_flight >= MIN_REQUEST_FRACTION * self._total_bytes  # not a stalled loop's
+            self._hollow = [*self._hollow, (share, in_flight)] if held else []
+            if len(self._hollow) >= SETTLED_READINGS:
+                self._sizes_changed()
+                self._per_request = max(s for s, _ in self._hollow)  # the most cautious of them
+                self._shares.extend(self._hollow)
+                self._spread_sq = 0.0  # none above the most cautious: the spread is learned anew
+                self._hollow = []
             return
+        self._hollow = []
         self._shares.append((share, in_flight))
         if self._per_request is None:
             self._per_request = share
@@ -468,6 +481,10 @@ class MemoryModel:
             return n
         barred = self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
         return n if barred is None else min(n, barred - 1)
+
+    def failed(self) -> None:
+        """A request ran out of memory: requests that hold nothing may be those failing, not small."""
+        self._hollow = []
 
     def mix_oom(self) -> None:
         """A pile-up of large requests that the spread explains (`explains`): plan for a heavier tail."""
