@@ -300,6 +300,7 @@ class MemoryModel:
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
         self._shares.clear()
+        self._hollow = []
         self._since_shrink = self._since_sizes = 0
         self._size_before = self._shrunk = None
         self.ooms.forget()
@@ -376,7 +377,8 @@ class MemoryModel:
             self._hollow = [*self._hollow, (share, in_flight)] if held else []
             if len(self._hollow) >= SETTLED_READINGS:
                 self._sizes_changed()
-                self._per_request = max(s for s, _ in self._hollow)  # the most cautious of them
+                most = max(s for s, _ in self._hollow)  # the most cautious of them
+                self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, most)
                 self._shares.extend(self._hollow)
                 self._spread_sq = 0.0  # none above the most cautious: the spread is learned anew
                 self._hollow = []
