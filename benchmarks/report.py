@@ -58,11 +58,12 @@ def best_static(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def made_by(document: dict[str, Any]) -> str:
-    """The line under a table: what produced it, from the JSON (machine, versions, date, commit)."""
+    """The line under a table: what produced it, from the JSON (machine, versions, date). The commit
+    stays in the JSON: the pages say what was measured and when, not which revision of this repository."""
     env = document.get("environment")
     if env is None:
         return f"`{document.get('command', '?')}`"
-    return f"{made_on(document)}; {env['date']}, commit {env['commit']}"
+    return f"{made_on(document)}; {env['date']}"
 
 
 def made_on(document: dict[str, Any], sep: str = " ") -> str:
