@@ -66,7 +66,7 @@ def test_uvicorn_workers_are_counted_by_each_worker() -> None:
 async def test_two_gates_on_one_card_stay_within_it_together() -> None:
     """Two gates, each reading the whole card and the other's requests on it, learn to share it.
     (One simulated card in one process: its own count and OOM count are both gates', where each
-    worker's `torch` probe would tell its own; the runs behave alike, see docs/benchmarks.md.)"""
+    worker's `torch` probe would tell its own: the limitation in docs/benchmarks.md measures both.)"""
     gpu = SimulatedGPU(CARD, baseline_bytes=2 * WEIGHTS, knee=16)  # 16 GiB left: five 3 GiB requests
     first, second = classic_app(gpu, [3 * GiB]), classic_app(gpu, [3 * GiB])
     async with LifespanManager(first), LifespanManager(second):
