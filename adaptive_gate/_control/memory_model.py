@@ -300,7 +300,7 @@ class MemoryModel:
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
         self._shares.clear()
-        self._hollow = []
+        self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
         self._size_before = self._shrunk = None
         self.ooms.forget()
@@ -373,17 +373,19 @@ class MemoryModel:
             # from one; `SETTLED_READINGS` in a row with no OOM between them are requests that hold
             # that little (a mix whose spread, learned from a few large ones, put every later
             # reading within its noise: the limit stayed at 5 where 64 fit).
-            held = share * in_flight >= MIN_REQUEST_FRACTION * self._total_bytes  # not a stalled loop's
-            self._hollow = [*self._hollow, (share, in_flight)] if held else []
+            if share * in_flight < MIN_REQUEST_FRACTION * self._total_bytes:
+                self._hollow.clear()  # nothing held at all: a stalled loop's, not small requests
+                return
+            self._hollow.append((share, in_flight))
             if len(self._hollow) >= SETTLED_READINGS:
                 self._sizes_changed()
                 most = max(s for s, _ in self._hollow)  # the most cautious of them
                 self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, most)
                 self._shares.extend(self._hollow)
                 self._spread_sq = 0.0  # none above the most cautious: the spread is learned anew
-                self._hollow = []
+                self._hollow.clear()
             return
-        self._hollow = []
+        self._hollow.clear()
         self._shares.append((share, in_flight))
         if self._per_request is None:
             self._per_request = share
@@ -486,7 +488,7 @@ class MemoryModel:
 
     def failed(self) -> None:
         """A request ran out of memory: requests that hold nothing may be those failing, not small."""
-        self._hollow = []
+        self._hollow.clear()
 
     def mix_oom(self) -> None:
         """A pile-up of large requests that the spread explains (`explains`): plan for a heavier tail."""
