@@ -168,6 +168,26 @@ def test_relief_is_taken_at_the_most_cautious_of_the_readings() -> None:
     assert estimate is not None and estimate.baseline_bytes == 11 * GiB
 
 
+def test_two_neighbours_that_leave_together_give_all_their_room_back_in_two_readings() -> None:
+    """One neighbour read at an idle moment (the others' bytes anchored there), a second one read
+    busy, then both gone: two readings say so, and the room is back in full. It came back in two
+    steps, first to the bytes of the one read idle, two readings later to the rest: at a sampler of
+    half a second, 1.5 s for what one second shows."""
+    model = MemoryModel()
+    model.add(0.0, 0, 8 * GiB, TOTAL)
+    model.add(0.1, 2, 14 * GiB, TOTAL)
+    model.add(0.2, 0, 11 * GiB, TOTAL)  # the first neighbour's 3 GiB, read idle
+    for i in range(3):
+        model.add(0.3 + 0.1 * i, 2, 17 * GiB, TOTAL)
+    model.add(0.6, 2, int(18.5 * GiB), TOTAL)  # the second one's 1.5 GiB, read busy
+    model.add(0.7, 2, int(18.5 * GiB), TOTAL)
+    assert model.estimate().baseline_bytes == 12.5 * GiB  # type: ignore[union-attr]
+    model.add(0.8, 2, 14 * GiB, TOTAL)  # both gone
+    model.add(0.9, 2, 14 * GiB, TOTAL)
+    assert model.estimate().baseline_bytes == 8 * GiB  # type: ignore[union-attr]
+    assert model.cap() == 5
+
+
 def test_the_others_hold_no_more_than_the_card_holds() -> None:
     """A reading below the others' bytes as believed is proof that they hold less: at once."""
     model = MemoryModel()

@@ -90,6 +90,19 @@ def test_routes_past_the_first_few_are_fitted_together_and_weigh_one() -> None:
     assert weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
 
 
+def test_a_route_weighed_at_next_to_nothing_is_weighed_again_once_its_requests_hold_their_bytes() -> None:
+    """Requests that ran out of memory hold nothing while they count as in flight. On a card that
+    holds one large request, most large ones do at first: the readings say the large route holds
+    next to nothing, and it weighs a 16th of a slot. A few of them in flight then vary by a few
+    16ths of a slot, which is no variation at all, counted in slots: the weight was never fitted
+    again, and every OOM after it named the bytes of 91 GiB a slot. Counted in requests, it is."""
+    weights = RouteWeights()
+    feed(weights, {"/small": 1.5 * GiB, "/large": 0.05 * GiB}, 40)
+    assert weights.weight("/large") < weights.weight("/small") / 16
+    feed(weights, {"/small": 1.5 * GiB, "/large": 6 * GiB}, 60, seed=2)
+    assert weights.weight("/large") / weights.weight("/small") == pytest.approx(4.0, rel=0.01)
+
+
 def test_a_bad_window_is_refused() -> None:
     with pytest.raises(ValueError, match=f"window must be >= {MIN_READINGS}"):
         RouteWeights(window=3)

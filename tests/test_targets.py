@@ -119,3 +119,29 @@ def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> No
     assert scenario.name == "shrink-40" and "about 6 fit" in scenario.description
     result = one_run(scenario, AIMD(), "1x", DURATION_S, 1)
     assert result.ooms <= 1, result.oom_times_s
+
+
+def test_a_neighbour_read_every_half_second_gives_its_room_back_within_a_second() -> None:
+    """A sampler twice a second (`sample_period_s=0.5`); a neighbour leaves room for one request of
+    twelve for the middle third. Its arrival is read a reading after the OOMs it caused, not within
+    a quarter of a second of them: the room read before it came was kept as the room those OOMs
+    happened in, and their level stayed barred for the 20 s after the neighbour left. And doubling
+    once a reading took two more seconds to climb back to twelve."""
+    from adaptive_gate.control import AIMD
+    from adaptive_gate.simulation import simulate
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import DEADLINE_S, phases_of, recovery_s
+
+    size = Size(int(1.49 * GiB))
+    scenario = Scenario(
+        "slow-readings", "", [Phase(0.0, size), Phase(1 / 3, size, int(15.8 * GiB)), Phase(2 / 3, size)],
+        weights_bytes=6 * GiB, work_s=0.05, capacity_per_s=120.0, jitter=True,
+    )  # fmt: skip
+    result = simulate(
+        phases_of(scenario, 0.0, DURATION_S, None), total_bytes=scenario.total_bytes,
+        baseline_bytes=scenario.weights_bytes, duration_s=DURATION_S, controller=AIMD(), queue_timeout_s=DEADLINE_S,
+        seed=1, clients=32, sample_period_s=0.5,
+    )  # fmt: skip
+    back_s = recovery_s(scenario, result, DURATION_S)
+    assert back_s is not None and back_s <= 1.0, result.limits_between(40.0, 43.0)
+    assert max(result.limits_between(45.0, DURATION_S)) == 12

@@ -34,6 +34,7 @@ __all__ = ["AIMD", "Controller", "Fixed", "MemoryModel"]
 
 GiB = 2**30
 UNDER_LOAD = 1 / 64  # a cost's quantum: under a bar, a budget stays this far under the slots that ran out
+DOUBLING_S = 0.1  # with readings further apart than this, the limit may double once per so long
 MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
 
 
@@ -168,6 +169,7 @@ class AIMD(_Bounds):
         self._window_successes = 0
         self._in_slow_start = self.slow_start
         self._now_s = -math.inf  # the latest time an event carried
+        self._last_reading_s = math.inf  # when the last reading came (none yet: no time since)
         # Without readings: the fewest in flight that ran out lately, until when, and for how long.
         self._held_from: int | None = None
         self._held_until_s = -math.inf
@@ -288,12 +290,16 @@ class AIMD(_Bounds):
         self._now_s = max(self._now_s, now_s)
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
-        self._update("memory", at_most=self._most_after_reading())
+        self._update("memory", at_most=self._most_after_reading(now_s))
 
-    def _most_after_reading(self) -> int | None:
+    def _most_after_reading(self, now_s: float) -> int | None:
         """Up at most twofold a reading: the first readings are of few requests, and in a mix of
-        sizes one small one read alone sized the card for ten, and ten ran out of memory at once."""
-        return 2 * self._limit
+        sizes one small one read alone sized the card for ten, and ten ran out of memory at once.
+        Twofold per `DOUBLING_S` where readings are further apart: at half a second a reading, a
+        neighbour that left took two more seconds to give its room back."""
+        since_s, self._last_reading_s = now_s - self._last_reading_s, now_s
+        doublings = max(1.0, min(since_s / DOUBLING_S, 8.0))  # 8: after a pause of seconds, no overflow
+        return math.floor(self._limit * 2**doublings)
 
     def after_oom(self, in_flight: float) -> None:
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed

@@ -332,8 +332,11 @@ class MemoryModel:
         floor = self._idle_floor or 0.0
         anchor = self._anchor
         if not self._anchored and anchor is not None and self._baseline is not None and anchor <= self._baseline:
-            if relieved <= anchor:
-                # Back to (or below) the others' bytes last anchored: whatever rose has gone.
+            per_request = self._per_request or 0.0
+            if relieved <= anchor and (relieved < floor or anchor - relieved < 0.5 * per_request):
+                # Back to the others' bytes last anchored: whatever rose has gone. Half a request or
+                # more below them, and above what the card held idle, the others hold less than then
+                # too (two neighbours, and both left): believed now, not after two more readings.
                 self._baseline, self._anchored = anchor, True
                 return
         if relieved >= floor:

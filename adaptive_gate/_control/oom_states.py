@@ -19,7 +19,10 @@ FIT_SLACK = 0.01
 
 # How much roomier (in requests) the card must read than at an OOM before its level is tried again.
 ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's neighbour, run out by turns
-OOM_STATE_S = 0.25  # how long after an OOM the readings still describe the card it happened on
+# How long after an OOM the readings still describe the card it happened on; the first reading after
+# it does in any case: with a sampler of half a second, the neighbour's arrival that caused it came
+# later, and its level stayed barred, in the room read before the neighbour came, after it left.
+OOM_STATE_S = 0.25
 MAX_STATES = 16
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
 # One the app caught (the probe's count: cuDNN counts its own tries too), or one its own request's
@@ -32,15 +35,16 @@ class OomStates:
     """What OOMs showed: so many in flight did not fit in so much room (in requests).
 
     Each bars its level and above while the card reads no roomier than then (within `ROOM_MARGIN`
-    of a request). The room is the tightest read within `OOM_STATE_S` after it: the reading that
-    shows a neighbour's arrival may come after the OOM it caused, and then the model itself
-    explains the OOM and the bar adds nothing. An OOM the gate did not see itself (`placed=False`)
-    is weaker evidence and is forgotten sooner; none is kept past `PLACED_MEMORY_S`, so that even a
-    misread one costs one OOM every two minutes, not the level for good.
+    of a request). The room is the tightest read within `OOM_STATE_S` after it, and at the first
+    reading after it in any case: the reading that shows a neighbour's arrival may come after the
+    OOM it caused, and then the model itself explains the OOM and the bar adds nothing. An OOM the
+    gate did not see itself (`placed=False`) is weaker evidence and is forgotten sooner; none is kept
+    past `PLACED_MEMORY_S`, so that even a misread one costs one OOM every two minutes, not the level
+    for good.
     """
 
     def __init__(self) -> None:
-        self._states: list[list[float]] = []  # [level, room then, when, until, load]
+        self._states: list[list[float]] = []  # [level, room then, when, until, load, 1 until a reading came]
 
     def record(
         self, now_s: float, level: int, room: float | None, *, placed: bool = True, load: float | None = None
@@ -49,16 +53,15 @@ class OomStates:
         requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level."""
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
-        self._states = kept[-(MAX_STATES - 1) :] + [
-            [level, math.inf if room is None else room, now_s, now_s + memory_s, level if load is None else load]
-        ]
+        room_then, load_then = math.inf if room is None else room, level if load is None else load
+        self._states = [*kept[-(MAX_STATES - 1) :], [level, room_then, now_s, now_s + memory_s, load_then, 1]]
 
     def observe(self, now_s: float, room: float | None) -> None:
         if room is None:
             return
         for state in self._states:
-            if now_s - state[2] <= OOM_STATE_S:
-                state[1] = min(state[1], room)
+            if state[5] or now_s - state[2] <= OOM_STATE_S:
+                state[1], state[5] = min(state[1], room), 0
 
     def barred_from(self, now_s: float, room: float) -> int | None:
         """The lowest level barred with `room` for so many requests now, or None."""

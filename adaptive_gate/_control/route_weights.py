@@ -122,12 +122,15 @@ class RouteWeights:
         route's requests varied on their own and the line explains the readings (a neighbour's
         arrival inside the window does not: wait until it has passed out)."""
         rows = list(self._recent)
-        columns = [c for c in range(OTHERS + 1) if _varies([row[c] for row, _ in rows])]
+        # Whether a route's requests varied, counted in requests, not slots: a route weighed at a 16th
+        # of a slot never varied by slots, and a weight once wrong that far was never fitted again.
+        weight_of = {c: self.weight(route) for route, c in self._columns.items()}
+        columns = [c for c in range(OTHERS + 1) if _varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
         if len(columns) < 2:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        solution = _trimmed_fit(design, used)
+        solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns])
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
@@ -159,12 +162,13 @@ class RouteWeights:
         return True
 
 
-def _trimmed_fit(design: list[list[float]], used: list[float]) -> list[float] | None:
+def _trimmed_fit(design: list[list[float]], used: list[float], weights: list[float]) -> list[float] | None:
     """The least-squares solution, where it explains the readings: each route's bytes positive, and
     the readings within a quarter of the lightest route's bytes of it, in the mean. Where they are
     not, once more without the quarter of the readings that stray most: readings of requests that
     ran out of memory, or were admitted and had not allocated yet, hold less than their slots say,
-    and a mix that runs out now and then (the very mix weights would stop) never had a clean window."""
+    and a mix that runs out now and then (the very mix weights would stop) never had a clean window.
+    `weights`: each route column's weight, by which its slots are requests."""
     for attempt in range(2):
         solution = _least_squares(design, used)
         if solution is None or min(solution[1:]) <= 0:
@@ -176,7 +180,7 @@ def _trimmed_fit(design: list[list[float]], used: list[float]) -> list[float] | 
         if attempt == 0:
             kept = sorted(range(len(errors)), key=errors.__getitem__)[: len(errors) - len(errors) // 4]
             design, used = [design[i] for i in kept], [used[i] for i in kept]
-            if any(not _varies([row[c] for row in design]) for c in range(1, len(design[0]))):
+            if any(not _varies([row[c + 1] / w for row in design]) for c, w in enumerate(weights)):
                 return None
     return None
 
