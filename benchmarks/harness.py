@@ -147,9 +147,14 @@ class World:
         if self.policy == "adaptive":
             cost = self.scenario.cost
             if cost is None:
-                app.add_middleware(AdaptiveGate, probe=self.gpu)
+                app.add_middleware(AdaptiveGate, probe=self.gpu, sample_period=self.scenario.sample_period_s)
             else:
-                app.add_middleware(AdaptiveGate, probe=self.gpu, cost=lambda scope: float(header(scope, b"x-cost")))
+                app.add_middleware(
+                    AdaptiveGate,
+                    probe=self.gpu,
+                    sample_period=self.scenario.sample_period_s,
+                    cost=lambda scope: float(header(scope, b"x-cost")),
+                )
         elif self.policy == "oracle":
             app.add_middleware(OracleMiddleware, world=self)
         elif self.policy == "reader":
@@ -321,12 +326,13 @@ async def run(
 
             async def observer() -> None:
                 ticks = 0
+                reading_ticks = max(1, round(world.scenario.sample_period_s / 0.01))
                 while time.monotonic() < stop_at + DEADLINE_S:
                     world.advance_phase()  # every 10 ms: a greedy neighbour grabs memory that soon
                     if ticks % 10 == 0:
                         result.series.append(world.observe())
-                        if world.reader is not None:
-                            world.reader.read()  # at the gate's sample period
+                    if world.reader is not None and ticks % reading_ticks == 0:
+                        world.reader.read()  # at the gate's sample period
                     ticks += 1
                     await anyio.sleep(0.01)
 

@@ -3,8 +3,9 @@
 Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a request size (2 to 10
 fit; 12 to 40 in the family "many") and what changes: a neighbour that comes and goes (greedy or
 not, one or two), inputs that grow or shrink, or a mix of two sizes told through `cost` or on two
-routes. It runs the default gate and the reader
-side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed loop, or the
+routes. The family "readings" draws any of those, and how often the gate reads the card (every
+0.05 to 0.5 s), a request's work (0.02 to 1 s) and whether it varies. It runs the default gate and
+the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed loop, or the
 `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
 while the weights are learnt), or more than a second back to the fit after a neighbour left.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 from adaptive_gate.control import AIMD
 
@@ -25,10 +27,17 @@ from .scenarios import LOADS as ALL_LOADS
 from .virtual import one_run, reader_run, recovery_s, row
 
 NEIGHBOURS = ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"]
-FAMILIES = {"neighbours": NEIGHBOURS, "mixes": ["mix-cost", "mix-routes"], "many": NEIGHBOURS}
+FAMILIES = {
+    "neighbours": NEIGHBOURS,
+    "mixes": ["mix-cost", "mix-routes"],
+    "many": NEIGHBOURS,
+    "readings": [*NEIGHBOURS, "mix-cost", "mix-routes"],
+}
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
-FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40)}
+FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10)}
+SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
+WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
 LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
 DURATION_S = 60.0
 
@@ -47,6 +56,25 @@ def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random]
 
 def draw(seed: int, kinds: list[str], fits: tuple[int, int] = FITS["neighbours"]) -> Scenario:
     rng = random.Random(seed)
+    scenario = _draw(rng, seed, kinds, fits)
+    if kinds != FAMILIES["readings"]:
+        return scenario
+    timing = random.Random(f"readings-{seed}")  # drawn apart: the card and its changes are the other families'
+    period_s, work_s, jitter = timing.choice(SAMPLE_PERIODS_S), timing.choice(WORKS_S), timing.random() < 0.3
+    return replace(
+        scenario,
+        description=scenario.description.replace(
+            f"{scenario.work_s:g} s a request", f"{work_s:g} s a request{' (varies)' if jitter else ''}"
+        )
+        + f", read every {period_s:g} s",
+        work_s=work_s,
+        capacity_per_s=scenario.capacity_per_s * scenario.work_s / work_s,
+        jitter=jitter,
+        sample_period_s=period_s,
+    )
+
+
+def _draw(rng: random.Random, seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
     total = rng.choice([16, 24, 40, 48, 80]) * GiB
     weights = int(total * rng.uniform(0.1, 0.5))
     room = total - weights

@@ -150,6 +150,7 @@ def one_run(
         crash_s=scenario.crash_s,
         clients=clients,
         gpu=gpu,
+        sample_period_s=scenario.sample_period_s,
     )
 
 
