@@ -298,8 +298,10 @@ class AIMD(_Bounds):
         Twofold per `DOUBLING_S` where readings are further apart: at half a second a reading, a
         neighbour that left took two more seconds to give its room back."""
         since_s, self._last_reading_s = now_s - self._last_reading_s, now_s
-        doublings = max(1.0, min(since_s / DOUBLING_S, 8.0))  # 8: after a pause of seconds, no overflow
-        return math.floor(self._limit * 2**doublings)
+        # Whole periods: a reading the event loop delayed a little is one reading. 8 at most, after
+        # a pause of seconds; the first reading has no time since the last.
+        periods = math.floor(since_s / DOUBLING_S + 1e-6) if math.isfinite(since_s) else 1
+        return self._limit << max(1, min(periods, 8))
 
     def after_oom(self, in_flight: float) -> None:
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
