@@ -437,6 +437,25 @@ def test_an_allocation_beyond_one_size_says_the_inputs_grew() -> None:
     assert c.limit == 2 and c.describe()["oom"] is None
 
 
+def test_inputs_that_grew_read_as_sizes_that_shrank_in_steps_are_believed_from_the_size_an_oom_names() -> None:
+    """Inputs grew from 3 to 12 GiB. The larger requests fail before they allocate and hold nothing,
+    so the readings say the sizes shrank, a step every two readings. The size the first OOM names is
+    well beyond the size from before the first step: inputs grew, believed at once. It was taken
+    for a request left from before (a second step had forgotten that size), and, with 20 readings a
+    second and requests of a second, a dozen more ran out of memory."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 4) + (5,) * 12)
+    for held in (4, 4, 3, 3, 2, 2):  # of the five in flight, only so many hold their 3 GiB
+        now_s += 0.05
+        c.oldest_in_flight(now_s - 1.0)
+        c.on_sample(now_s=now_s, sample=MemorySample((8 + 3 * held) * GiB, TOTAL), in_flight=5)
+    assert not c.allocation_failed(12 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.01, epoch=c.epoch, in_flight=5)
+    assert c.memory.estimate().per_request_bytes == 12 * GiB  # type: ignore[union-attr]
+    assert c.limit == 1
+
+
 def test_a_size_an_oom_named_holds_until_the_requests_read_arrived_after_it() -> None:
     """Inputs grew from 3 to 6 GiB while requests of 3 waited in the line. After the OOM that named
     6 GiB the line still serves them: their readings (2 x 3 GiB) say nothing of the new sizes, and
@@ -620,6 +639,7 @@ events = st.lists(
 
 def replay(c: AIMD, steps: list[tuple[str, float, float, bool]], check: object = None) -> None:
     now_s = 0.0
+    last_reading_s: float | None = None
     for kind, a, b, flag in steps:
         now_s += 0.05
         before = c.limit
@@ -637,7 +657,11 @@ def replay(c: AIMD, steps: list[tuple[str, float, float, bool]], check: object =
                 assert c.limit < before or before == c.min_limit, "without readings, a fresh OOM cuts"
         elif kind == "sample":
             c.on_sample(now_s=now_s, sample=MemorySample(int(a * TOTAL), TOTAL), in_flight=int(b))
-            assert c.limit <= max(c.min_limit, 2 * before), "at most twofold a reading"
+            # Twofold a reading, or per tenth of a second where readings are further apart (8 at most).
+            periods = 1 if last_reading_s is None else math.floor((now_s - last_reading_s) / 0.1 + 1e-6)
+            last_reading_s = now_s
+            growth = 2 ** max(1, min(periods, 8))
+            assert c.limit <= max(c.min_limit, growth * before), "at most twofold a reading (or a tenth of a second)"
         else:
             now_s += a
         assert c.min_limit <= c.limit <= c.max_limit

@@ -352,11 +352,17 @@ class MemoryModel:
             # and the spread is the new sizes'.
             # The size from before, where it had held for a while: sizes that keep changing (large
             # requests of a route not weighed yet, read as growth and then as shrinking) have none.
-            self._size_before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
-            shrunk = self._shrunk  # a shrink read in steps (the mean comes down a share at a time) is one
+            # A shrink read in steps (the mean comes down a share at a time) is one, from the size
+            # its first step came from: inputs that grew, read as sizes that shrank while the larger
+            # ones failed and held nothing, came down in steps at 20 readings a second, and the size
+            # their OOMs named was taken for one left from before while a dozen more ran out.
+            shrunk = self._shrunk
+            settled = self._since_sizes >= SETTLED_READINGS
+            first_step = None if shrunk is None else shrunk[1]  # a later step: the size its first came from
+            self._size_before = self._per_request if settled else first_step
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            if self._size_before is not None and self._oldest_s is not None and not mix:
+            if settled and self._oldest_s is not None and not mix:  # a later step keeps the first's record
                 shrunk = (self._oldest_s, self._size_before)
             self._shrunk = shrunk
             self._baseline, self._anchored = floor, True
