@@ -362,8 +362,9 @@ class MemoryModel:
             self._size_before = self._per_request if settled else first_step
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            if settled and self._oldest_s is not None and not mix:  # a later step keeps the first's record
-                shrunk = (self._oldest_s, self._size_before)
+            before = self._size_before if settled else None  # a later step keeps the first's record
+            if before is not None and self._oldest_s is not None and not mix:
+                shrunk = (self._oldest_s, before)
             self._shrunk = shrunk
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
