@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     table = [ablate(SCENARIOS[name], load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
     for family, seed, load in UNSEEN:
-        scenario = draw(seed, FAMILIES[family], FITS[family])
+        scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
         named = replace(scenario, name=f"{scenario.name} (unseen, {family})")
         table.append(ablate(named, load, args.duration, args.seed))
     for name in UNOWNED:

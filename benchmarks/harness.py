@@ -325,8 +325,8 @@ async def run(
                 return response.status_code == 200
 
             async def observer() -> None:
-                ticks = 0
-                reading_ticks = max(1, round(world.scenario.sample_period_s / 0.01))
+                ticks, tick_s = 0, 0.01
+                reading_ticks = max(1, round(world.scenario.sample_period_s / tick_s))
                 while time.monotonic() < stop_at + DEADLINE_S:
                     world.advance_phase()  # every 10 ms: a greedy neighbour grabs memory that soon
                     if ticks % 10 == 0:
@@ -334,7 +334,7 @@ async def run(
                     if world.reader is not None and ticks % reading_ticks == 0:
                         world.reader.read()  # at the gate's sample period
                     ticks += 1
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(tick_s)
 
             async def closed_loop_client() -> None:
                 while time.monotonic() < stop_at:

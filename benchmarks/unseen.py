@@ -5,8 +5,8 @@ fit; 12 to 40 in the family "many") and what changes: a neighbour that comes and
 not, one or two), inputs that grow or shrink, or a mix of two sizes told through `cost` or on two
 routes. The family "readings" draws any of those, and how often the gate reads the card (every
 0.05 to 0.5 s), a request's work (0.02 to 1 s) and whether it varies. It runs the default gate and
-the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed loop, or the
-`--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
+the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
+loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
 while the weights are learnt), or more than a second back to the fit after a neighbour left.
 
@@ -54,10 +54,12 @@ def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random]
     return draw
 
 
-def draw(seed: int, kinds: list[str], fits: tuple[int, int] = FITS["neighbours"]) -> Scenario:
-    rng = random.Random(seed)
-    scenario = _draw(rng, seed, kinds, fits)
-    if kinds != FAMILIES["readings"]:
+def draw(
+    seed: int, kinds: list[str], fits: tuple[int, int] = FITS["neighbours"], *, readings: bool = False
+) -> Scenario:
+    """Seed `seed`'s scenario of one of `kinds`; with `readings`, its sample period and work drawn too."""
+    scenario = _draw(seed, kinds, fits)
+    if not readings:
         return scenario
     timing = random.Random(f"readings-{seed}")  # drawn apart: the card and its changes are the other families'
     period_s, work_s, jitter = timing.choice(SAMPLE_PERIODS_S), timing.choice(WORKS_S), timing.random() < 0.3
@@ -74,7 +76,8 @@ def draw(seed: int, kinds: list[str], fits: tuple[int, int] = FITS["neighbours"]
     )
 
 
-def _draw(rng: random.Random, seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
+def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
+    rng = random.Random(seed)
     total = rng.choice([16, 24, 40, 48, 80]) * GiB
     weights = int(total * rng.uniform(0.1, 0.5))
     room = total - weights
@@ -173,7 +176,7 @@ def main() -> None:
     missed_runs = 0
     runs = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        scenario = draw(seed, FAMILIES[args.family], FITS[args.family])
+        scenario = draw(seed, FAMILIES[args.family], FITS[args.family], readings=args.family == "readings")
         for load in loads:
             line, missed = misses(scenario, load)
             print(line, flush=True)

@@ -357,12 +357,11 @@ class MemoryModel:
             # ones failed and held nothing, came down in steps at 20 readings a second, and the size
             # their OOMs named was taken for one left from before while a dozen more ran out.
             shrunk = self._shrunk
-            settled = self._since_sizes >= SETTLED_READINGS
-            first_step = None if shrunk is None else shrunk[1]  # a later step: the size its first came from
-            self._size_before = self._per_request if settled else first_step
+            before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
+            # A later step keeps the size its first step came from, and the first step's record.
+            self._size_before = before if before is not None or shrunk is None else shrunk[1]
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            before = self._size_before if settled else None  # a later step keeps the first's record
             if before is not None and self._oldest_s is not None and not mix:
                 shrunk = (self._oldest_s, before)
             self._shrunk = shrunk
