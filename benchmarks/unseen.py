@@ -4,7 +4,10 @@ Each seed draws a card (16 to 80 GiB, a tenth to a half of it weights), a reques
 fit; 12 to 40 in the family "many") and what changes: a neighbour that comes and goes (greedy or
 not, one or two), inputs that grow or shrink, or a mix of two sizes told through `cost` or on two
 routes. The family "readings" draws any of those, and how often the gate reads the card (every
-0.05 to 0.5 s), a request's work (0.02 to 1 s) and whether it varies. It runs the default gate and
+0.05 to 0.5 s), a request's work (0.02 to 1 s) and whether it varies. The family "compound" draws
+neighbours of other shapes (one that leaks in steps and then leaves, one that comes and goes again
+and again, one that leaves room for no request) and changes that come together (a mix beside a
+neighbour, inputs that grow beside one or shrink after it left). It runs the default gate and
 the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
 loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
@@ -27,15 +30,19 @@ from .scenarios import LOADS as ALL_LOADS
 from .virtual import one_run, reader_run, recovery_s, row
 
 NEIGHBOURS = ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic", "nearly-all"]
+# Neighbours of other shapes, and changes that come together.
+COMPOUND = ["leak", "flapping", "no-room", "mix-cost-neighbour", "mix-routes-neighbour", "growth-neighbour",
+            "neighbour-shrink"]  # fmt: skip
 FAMILIES = {
     "neighbours": NEIGHBOURS,
     "mixes": ["mix-cost", "mix-routes"],
     "many": NEIGHBOURS,
     "readings": [*NEIGHBOURS, "mix-cost", "mix-routes"],
+    "compound": COMPOUND,
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
-FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10)}
+FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10)}
 SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
 WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
 LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
@@ -103,18 +110,45 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
         ]
     elif kind == "nearly-all":  # a neighbour leaves room for one and a half requests
         phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), room - int(size * 1.5)), Phase(2 / 3, Size(size))]
+    elif kind == "leak":  # a neighbour that grows in steps over the middle of the run, then leaves
+        left = rng.randint(1, max(1, fit - 1))
+        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        steps = rng.choice([5, 10, 20])
+        leaking = [Phase(0.2 + 0.5 * i / steps, Size(size), neighbour * (i + 1) // steps) for i in range(steps)]
+        phases = [Phase(0.0, Size(size)), *leaking, Phase(0.8, Size(size))]
+    elif kind == "flapping":  # a neighbour that comes and goes, again and again
+        left = rng.randint(1, max(1, fit - 1))
+        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        flips = rng.choice([4, 6, 10])
+        phases = [Phase(i / flips, Size(size), neighbour if i % 2 else 0) for i in range(flips)]
+    elif kind == "no-room":  # a neighbour that leaves room for part of one request: none fits
+        neighbour = room - int(size * rng.uniform(0.2, 0.9))
+        phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), neighbour), Phase(2 / 3, Size(size))]
+    elif kind in ("growth-neighbour", "neighbour-shrink"):  # inputs change beside a neighbour, or after it left
+        other = _fitting(room, rng.randint(1, max(1, fit - 1)), rng)
+        neighbour = int(room * rng.uniform(0.1, 0.4))
+        grown, lean = Size(max(size, other)), Size(min(size, other))
+        if kind == "growth-neighbour":  # they grow while it stays, and it leaves
+            phases = [Phase(0.0, lean), Phase(0.25, lean, neighbour), Phase(0.5, grown, neighbour)]
+            phases.append(Phase(0.75, grown))
+        else:  # it comes and leaves, and they shrink
+            phases = [Phase(0.0, grown), Phase(0.25, grown, neighbour), Phase(0.5, grown), Phase(0.75, lean)]
     elif kind in ("growth", "shrink"):
         other = _fitting(room, rng.randint(1, max(1, fit - 1)), rng)
         before, after = (size, other) if kind == "growth" else (other, size)
         phases = [Phase(0.0, Size(before)), Phase(0.5, Size(after))]
-    elif kind in ("mix-cost", "mix-routes"):
+    elif kind.startswith(("mix-cost", "mix-routes")):
         small = int(room / (rng.randint(6, 16) + 0.5))
         large = small * rng.choice([2, 3, 4, 8])
         share = rng.choice([0.1, 0.25, 0.5])
-        phases = [Phase(0.0, _two_sizes(small, large, share))]
+        mix = _two_sizes(small, large, share)
+        phases = [Phase(0.0, mix)]
+        if kind.endswith("-neighbour"):  # beside a neighbour for the middle third that leaves room for a large one
+            neighbour = int(min(room * rng.uniform(0.1, 0.4), room - 2 * large))
+            phases = [Phase(0.0, mix), Phase(1 / 3, mix, max(0, neighbour)), Phase(2 / 3, mix)]
         fit = max(1, round(room / (small * (1 - share) + large * share)))
         crash_s = 0.0
-        if kind == "mix-cost":
+        if kind.startswith("mix-cost"):
             cost = lambda nbytes, small=small: nbytes / small  # noqa: E731
         else:
             route = lambda nbytes, small=small: "/infer/large" if nbytes > small else "/infer"  # noqa: E731
