@@ -8,6 +8,7 @@ card changed. Arithmetic on observations, the time passed in.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 __all__ = ["FIT_SLACK", "ROOM_MARGIN", "OomStates"]
 
@@ -24,6 +25,7 @@ ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's 
 # later, and its level stayed barred, in the room read before the neighbour came, after it left.
 OOM_STATE_S = 0.25
 MAX_STATES = 16
+ROOMS_KEPT = 64  # readings whose room an OOM may look back to, for the one its request was admitted under
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
 # One the app caught (the probe's count: cuDNN counts its own tries too), or one its own request's
 # size explains: held a few readings' worth of seconds, not the ten that once kept a limit four
@@ -45,33 +47,50 @@ class OomStates:
 
     def __init__(self) -> None:
         self._states: list[list[float]] = []  # [level, room then, when, until, load, 1 until a reading came]
+        self._rooms: deque[tuple[float, float]] = deque(maxlen=ROOMS_KEPT)  # (when, room) of the last readings
 
     def record(
-        self, now_s: float, level: int, room: float | None, *, placed: bool = True, load: float | None = None
+        self,
+        now_s: float,
+        level: int,
+        room: float | None,
+        *,
+        placed: bool = True,
+        load: float | None = None,
+        since_s: float | None = None,
     ) -> None:
         """`level`: the whole slots barred from; `load`: the slots in flight that did not fit, where
-        requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level."""
+        requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level.
+        `since_s`: when the request that ran out was admitted. Where the card as read now has room
+        for the level and a whole request more, the OOM did not happen in it but in the card its
+        request was admitted under, and the room kept is that one's (a request whose allocation
+        failed beside a neighbour that left before its error came barred two, where five fit, for
+        two minutes)."""
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
         room_then, load_then = math.inf if room is None else room, level if load is None else load
+        if room_then >= level + ROOM_MARGIN:
+            under = [r for t, r in self._rooms if since_s is not None and t <= since_s][-1:]  # admitted under it
+            room_then = min([room_then, *under])
         self._states = [*kept[-(MAX_STATES - 1) :], [level, room_then, now_s, now_s + memory_s, load_then, 1]]
 
     def observe(self, now_s: float, room: float | None) -> None:
         if room is None:
             return
+        self._rooms.append((now_s, room))
         for state in self._states:
             if state[5] or now_s - state[2] <= OOM_STATE_S:
                 state[1], state[5] = min(state[1], room), 0
 
     def barred_from(self, now_s: float, room: float) -> int | None:
         """The lowest level barred with `room` for so many requests now, or None."""
-        barred = [int(state[0]) for state in self._states if _bars(state, now_s, room)]
+        barred = [int(state[0]) for state in self._states if self._bars(state, now_s, room)]
         return min(barred) if barred else None
 
     def barred_load(self, now_s: float, room: float) -> float | None:
         """The fewest slots in flight that ran out among the bars that hold with `room` now, or None:
         requests that weigh parts of a slot may fill up to under it."""
-        loads = [state[4] for state in self._states if _bars(state, now_s, room)]
+        loads = [state[4] for state in self._states if self._bars(state, now_s, room)]
         return min(loads) if loads else None
 
     def describe(self, now_s: float, room: float | None) -> dict[str, float] | None:
@@ -81,25 +100,30 @@ class OomStates:
         lowest = self.barred_from(now_s, room)
         for state in self._states:
             level, room_then, at_s = state[:3]
-            if level == lowest and _bars(state, now_s, room):
+            if level == lowest and self._bars(state, now_s, room):
                 return {"level": int(level), "room_then": round(room_then, 2), "age_s": round(now_s - at_s, 2)}
         return None
 
     def forget(self) -> None:
+        """Slots changed what they weigh: the levels and rooms read so far are in the old ones."""
         self._states.clear()
+        self._rooms.clear()
 
-
-def _bars(state: list[float], now_s: float, room: float) -> bool:
-    """Whether an OOM's state still bars its level with `room` for so many requests now. Where the
-    readings after it explained it (the room then was less than its level: a neighbour came), it
-    bars its level until the model says the level fits again: a neighbour smaller than a request
-    leaves less than `ROOM_MARGIN` to come back. Where they did not (the model said it fitted, and
-    it did not: room within `FIT_SLACK` of the level counts as a fit, so a level read as 20.99 that
-    ran out is barred, not tried again at every request's end), the card must read `ROOM_MARGIN`
-    roomier than then."""
-    level, room_then, _, until_s = state[:4]
-    if now_s >= until_s:
-        return False
-    if room_then + FIT_SLACK < level:  # the model did not take the level for a fit then (`FIT_SLACK`)
-        return room + FIT_SLACK < level
-    return room + FIT_SLACK < room_then + ROOM_MARGIN
+    @staticmethod
+    def _bars(state: list[float], now_s: float, room: float) -> bool:
+        """Whether an OOM's state still bars its level with `room` for so many requests now. Where the
+        readings after it explained it (the room then was less than its level: a neighbour came), it
+        bars its level until the model says the level fits again: a neighbour smaller than a request
+        leaves less than `ROOM_MARGIN` to come back. Where the level fitted by the slack alone (room for
+        20.99 taken for 21), the model was right and its slack was not: barred, not tried again at every
+        request's end, until the level fits without the slack (a leak that ran out four at room for
+        3.998, and freed two thirds of a request, waited two minutes for a whole one). Where the model
+        said it fitted outright, and it did not, the card must read `ROOM_MARGIN` roomier than then."""
+        level, room_then, _, until_s = state[:4]
+        if now_s >= until_s:
+            return False
+        if room_then + FIT_SLACK < level:  # the model did not take the level for a fit then (`FIT_SLACK`)
+            return room + FIT_SLACK < level
+        if room_then < level:  # a fit by the slack alone: the model was right, its slack was not
+            return room < level + FIT_SLACK
+        return room + FIT_SLACK < room_then + ROOM_MARGIN
