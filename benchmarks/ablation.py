@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from adaptive_gate._control.oom_states import FIT_SLACK, ROOM_MARGIN, OomStates
 from adaptive_gate.control import AIMD
 
 from .environment import environment
@@ -70,6 +71,32 @@ class _NoSlotHeldAfterOom(AIMD):
         pass
 
 
+class _NotAdmittedUnder(AIMD):
+    """An OOM is kept with the room the card reads now, even where that room holds its level and a
+    request more: not the room of the reading its request was admitted under."""
+
+    def oom_admitted(self, admitted_s: float) -> None:
+        pass
+
+
+class _WholeRequestMargin(OomStates):
+    def _bars(self, state: list[float], now_s: float, room: float) -> bool:  # type: ignore[override]
+        level, room_then, _, until_s = state[:4]
+        if now_s >= until_s:
+            return False
+        if room_then + FIT_SLACK < level:
+            return room + FIT_SLACK < level
+        return room + FIT_SLACK < room_then + ROOM_MARGIN
+
+
+def whole_request_margin() -> AIMD:
+    """A level that ran out where the model took it for a fit within its slack comes back only once the
+    card reads a whole request roomier than then, as where the model said it fitted outright."""
+    controller = AIMD()
+    controller.memory.ooms = _WholeRequestMargin()
+    return controller
+
+
 def unowned(controller: AIMD) -> AIMD:
     """`controller` reading the card as a probe that does not tell the process's own bytes does (NVML
     alone): the others' bytes are inferred from the count in flight alone."""
@@ -103,11 +130,21 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no old sizes": _NoOldSizes,
     "no own count": without_own_count,
     "no slot held after an OOM": _NoSlotHeldAfterOom,
+    "no room admitted under": _NotAdmittedUnder,
+    "whole request at a slack fit": whole_request_margin,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
-# our requests free on a card that holds many of them, where those admitted into it fail to allocate.
-UNSEEN: list[tuple[str, int, str]] = [("neighbours", 40, "1x"), ("many", 49, "2x"), ("many", 49, "closed-32")]
+# our requests free on a card that holds many of them, where those admitted into it fail to allocate;
+# a neighbour that leaves room for no request, and one that stays while inputs grow (their level
+# runs out at an exact fit) and then leaves.
+UNSEEN: list[tuple[str, int, str]] = [
+    ("neighbours", 40, "1x"),
+    ("many", 49, "2x"),
+    ("many", 49, "closed-32"),
+    ("compound", 5, "2x"),
+    ("compound", 72, "2x"),
+]
 # Scenarios run once more with a probe that does not tell the process's own bytes (NVML alone, or a
 # model outside PyTorch's allocator), where the rules that read OOMs stand in for that count.
 UNOWNED = ["small-neighbour", "survived-neighbour"]
