@@ -330,9 +330,9 @@ class AIMD(_Bounds):
         return False
 
     def oom_admitted(self, admitted_s: float) -> None:
-        """Optional in the protocol, before `on_oom`: when the request that ran out was admitted. Its
-        OOM describes the card as it was at any moment since: the room kept with it is the tightest
-        read from then on (`OomStates.record`)."""
+        """Optional in the protocol, before `on_oom`: when the request that ran out was admitted. Where
+        the card read now holds its level and a request more, the OOM happened in the card it was
+        admitted under, and keeps that one's room (`OomStates.record`)."""
         self._admitted_s = admitted_s
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
