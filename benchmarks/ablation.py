@@ -23,7 +23,7 @@ from adaptive_gate.control import AIMD
 from .environment import environment
 from .model import Scenario
 from .scenarios import SCENARIOS
-from .unseen import FAMILIES, FITS, draw
+from .unseen import of_family
 from .virtual import PLAN, Row, one_run, reader_run, row
 
 RESULTS = Path(__file__).parent / "results" / "ablation.json"
@@ -82,11 +82,9 @@ class _NotAdmittedUnder(AIMD):
 class _WholeRequestMargin(OomStates):
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:  # type: ignore[override]
         level, room_then, _, until_s = state[:4]
-        if now_s >= until_s:
-            return False
-        if room_then + FIT_SLACK < level:
-            return room + FIT_SLACK < level
-        return room + FIT_SLACK < room_then + ROOM_MARGIN
+        if level - FIT_SLACK <= room_then < level and now_s < until_s:  # a fit by the slack alone
+            return room + FIT_SLACK < room_then + ROOM_MARGIN  # as where the model said it fitted outright
+        return super()._bars(state, now_s, room)
 
 
 def whole_request_margin() -> AIMD:
@@ -181,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     table = [ablate(SCENARIOS[name], load, args.duration, args.seed) for name, loads in PLAN.items() for load in loads]
     for family, seed, load in UNSEEN:
-        scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
+        scenario = of_family(seed, family)
         named = replace(scenario, name=f"{scenario.name} (unseen, {family})")
         table.append(ablate(named, load, args.duration, args.seed))
     for name in UNOWNED:

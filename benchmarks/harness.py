@@ -145,16 +145,8 @@ class World:
         self.gate: AdaptiveGate | None = None
         self.semaphore: SemaphoreMiddleware | None = None
         if self.policy == "adaptive":
-            cost = self.scenario.cost
-            if cost is None:
-                app.add_middleware(AdaptiveGate, probe=self.gpu, sample_period=self.scenario.sample_period_s)
-            else:
-                app.add_middleware(
-                    AdaptiveGate,
-                    probe=self.gpu,
-                    sample_period=self.scenario.sample_period_s,
-                    cost=lambda scope: float(header(scope, b"x-cost")),
-                )
+            told = None if self.scenario.cost is None else lambda scope: float(header(scope, b"x-cost"))
+            app.add_middleware(AdaptiveGate, probe=self.gpu, sample_period=self.scenario.sample_period_s, cost=told)
         elif self.policy == "oracle":
             app.add_middleware(OracleMiddleware, world=self)
         elif self.policy == "reader":

@@ -54,11 +54,22 @@ def _fitting(room: int, fit: int, rng: random.Random) -> int:
     return int(room / (fit + rng.uniform(0.05, 0.95)))
 
 
+def _leaving(room: int, size: int, fit: int, rng: random.Random) -> int:
+    """A neighbour's bytes that leave room for fewer of `size` than `fit`, and a random part of one more."""
+    left = rng.randint(1, max(1, fit - 1))
+    return room - int(size * (left + rng.uniform(0.02, 0.98)))
+
+
 def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random], int]:
     def draw(rng: random.Random) -> int:
         return large if rng.random() < share else small
 
     return draw
+
+
+def of_family(seed: int, family: str) -> Scenario:
+    """Seed `seed`'s scenario of the family `family` (a key of `FAMILIES`)."""
+    return draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
 
 
 def draw(
@@ -96,8 +107,7 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
     cost: Callable[[int], float] | None = None
     route: Callable[[int], str] | None = None
     if kind in ("neighbour", "greedy"):
-        left = rng.randint(1, max(1, fit - 1))
-        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        neighbour = _leaving(room, size, fit, rng)
         step = GiB // 2 if kind == "greedy" else 0
         phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), neighbour, step), Phase(2 / 3, Size(size))]
     elif kind == "neighbour2":
@@ -111,14 +121,12 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
     elif kind == "nearly-all":  # a neighbour leaves room for one and a half requests
         phases = [Phase(0.0, Size(size)), Phase(1 / 3, Size(size), room - int(size * 1.5)), Phase(2 / 3, Size(size))]
     elif kind == "leak":  # a neighbour that grows in steps over the middle of the run, then leaves
-        left = rng.randint(1, max(1, fit - 1))
-        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        neighbour = _leaving(room, size, fit, rng)
         steps = rng.choice([5, 10, 20])
         leaking = [Phase(0.2 + 0.5 * i / steps, Size(size), neighbour * (i + 1) // steps) for i in range(steps)]
         phases = [Phase(0.0, Size(size)), *leaking, Phase(0.8, Size(size))]
     elif kind == "flapping":  # a neighbour that comes and goes, again and again
-        left = rng.randint(1, max(1, fit - 1))
-        neighbour = room - int(size * (left + rng.uniform(0.02, 0.98)))
+        neighbour = _leaving(room, size, fit, rng)
         flips = rng.choice([4, 6, 10])
         phases = [Phase(i / flips, Size(size), neighbour if i % 2 else 0) for i in range(flips)]
     elif kind == "no-room":  # a neighbour that leaves room for part of one request: none fits
@@ -210,7 +218,7 @@ def main() -> None:
     missed_runs = 0
     runs = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        scenario = draw(seed, FAMILIES[args.family], FITS[args.family], readings=args.family == "readings")
+        scenario = of_family(seed, args.family)
         for load in loads:
             line, missed = misses(scenario, load)
             print(line, flush=True)

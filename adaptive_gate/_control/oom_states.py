@@ -69,9 +69,9 @@ class OomStates:
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
         room_then, load_then = math.inf if room is None else room, level if load is None else load
-        if room_then >= level + ROOM_MARGIN:
-            under = [r for t, r in self._rooms if since_s is not None and t <= since_s][-1:]  # admitted under it
-            room_then = min([room_then, *under])
+        if since_s is not None and room_then >= level + ROOM_MARGIN:
+            under = [r for t, r in self._rooms if t <= since_s]  # the last of them: the one it was admitted under
+            room_then = min(room_then, under[-1]) if under else room_then
         self._states = [*kept[-(MAX_STATES - 1) :], [level, room_then, now_s, now_s + memory_s, load_then, 1]]
 
     def observe(self, now_s: float, room: float | None) -> None:
