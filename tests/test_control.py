@@ -948,3 +948,65 @@ def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothi
     assert estimate is not None and memory.cap() == 3
     assert estimate.baseline_bytes == pytest.approx(15 * GiB, rel=0.01)
     assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
+
+
+def test_a_request_that_ran_out_is_no_room_on_the_readings_that_counted_it() -> None:
+    """A neighbour holds 6 GiB beside 8 GiB of weights; three 3 GiB requests run, two of which failed
+    to allocate and hold nothing until their error comes. Two such readings in a row read as the
+    neighbour gone (room for five where three fit), and the next requests ran out beside it. An OOM
+    of a request that ran at the last reading says that reading's relief was a failed request: it is
+    not believed. One admitted after the last reading says nothing of it."""
+
+    def beside_the_neighbour() -> MemoryModel:
+        memory = MemoryModel()
+        memory.add(0.0, 0, 8 * GiB, TOTAL)  # the weights alone, before the neighbour came
+        memory.add(0.1, 0, 14 * GiB, TOTAL)  # the neighbour: 6 GiB
+        for step in range(2, 8):
+            memory.add(step / 10, 2, 20 * GiB, TOTAL)
+        estimate = memory.estimate()
+        assert estimate is not None and estimate.baseline_bytes == 14 * GiB and memory.cap() == 3
+        return memory
+
+    believed = beside_the_neighbour()
+    believed.add(0.8, 3, 17 * GiB, TOTAL)  # one holds its 3 GiB, two hold nothing
+    believed.add(0.9, 3, 17 * GiB, TOTAL)
+    assert believed.cap() == 5  # without the OOMs: the neighbour read as gone
+
+    told = beside_the_neighbour()
+    told.add(0.8, 3, 17 * GiB, TOTAL)
+    told.ran_out(0.75)  # admitted before the reading of 0.8, and ran out after it
+    told.add(0.9, 3, 17 * GiB, TOTAL)
+    told.ran_out(0.85)
+    told.add(1.0, 3, 17 * GiB, TOTAL)
+    assert told.cap() == 3
+
+    later = beside_the_neighbour()
+    later.add(0.8, 3, 17 * GiB, TOTAL)
+    later.ran_out(0.85)  # admitted after the last reading: that reading did not count it
+    later.add(0.9, 3, 17 * GiB, TOTAL)
+    assert later.cap() == 5
+
+
+def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -> None:
+    """Four 3.5 GiB requests beside 8 GiB of weights leave 2 GiB free; a neighbour takes them and
+    the card reads full. Whatever the next request to finish frees may be the neighbour's too: the
+    limit is one below the four in flight until the next reading says where the room went, and the
+    status says why. A rise on a card with room left holds nothing back."""
+    c = AIMD()
+    bound(c, initial=8)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    for step in range(1, 6):
+        c.on_sample(now_s=step / 10, sample=MemorySample(int(22 * GiB), TOTAL), in_flight=4)
+    assert c.limit == 4
+    c.on_sample(now_s=0.6, sample=MemorySample(TOTAL, TOTAL), in_flight=4)  # the neighbour took the 2 GiB
+    described = c.describe()
+    assert c.limit == 3 and described["bound"] == "memory" and "full card" in described["why"]
+    c.on_sample(now_s=0.7, sample=MemorySample(int(20.5 * GiB), TOTAL), in_flight=3)  # it wanted no more
+    assert c.limit == 4  # 14 GiB of room beside the neighbour's 2: four fit
+    roomy = AIMD()
+    bound(roomy, initial=8)
+    roomy.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
+    for step in range(1, 6):
+        roomy.on_sample(now_s=step / 10, sample=MemorySample(int(15 * GiB), TOTAL), in_flight=2)
+    roomy.on_sample(now_s=0.6, sample=MemorySample(17 * GiB, TOTAL), in_flight=2)  # a neighbour of 2 GiB
+    assert roomy.limit == 4  # 14 GiB of room beside it: four fit, and nothing pressed for more

@@ -164,3 +164,38 @@ def test_a_neighbour_that_leaves_no_room_for_one_request_gives_the_card_back_wit
     back_s = recovery_s(scenario, result, DURATION_S)
     assert back_s is not None and back_s <= 1.0, result.limits_between(40.0, 43.0)
     assert min(result.limits_between(42.0, DURATION_S)) == 5
+
+
+def test_inputs_that_grow_past_the_room_beside_a_neighbour_run_out_alone() -> None:
+    """A neighbour takes 6 GiB for the middle half; halfway, inputs grow from 3 GiB to 12, more than
+    the 10 GiB it leaves: each request runs out even alone (too large) until it goes. Requests that
+    failed to allocate hold nothing while they run, and read as the neighbour gone: pairs of them,
+    taken for 9 GiB requests beside the weights alone, ran out every few seconds (16 OOMs where the
+    reader has 8). Where a request that ran out ran at a reading, that reading is no relief."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import one_run, reader_run
+
+    small, grown, neighbour = Size(3 * GiB), Size(12 * GiB), 6 * GiB
+    phases = [Phase(0.0, small), Phase(0.25, small, neighbour), Phase(0.5, grown, neighbour), Phase(0.75, grown)]
+    scenario = Scenario("growth-beside-a-neighbour", "", phases)
+    ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
+    theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
+    assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + len(phases) - 1
+
+
+def test_a_neighbour_that_comes_to_a_full_card_gets_the_first_room_freed_not_a_request() -> None:
+    """Four 3.5 GiB requests fill all but 2 GiB beside 8 GiB of weights; a neighbour that wants 3 GiB
+    comes and takes the 2, and the card reads full. The model believes the rise at once, but at
+    room for 4.0 requests it let the first slot freed be refilled: the neighbour had taken that room,
+    and the request admitted into it ran out (with a crash, the worker down for a second). A rise
+    read on a full card holds a slot back until the next reading says where the room went."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import one_run
+
+    size = Size(int(3.5 * GiB))
+    scenario = Scenario("full-card", "", [Phase(0.0, size), Phase(0.5, size, 3 * GiB)], crash_s=1.0)
+    result = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
+    assert result.ooms == 0
+    assert set(result.limits_between(0.5 * DURATION_S + 1.0, DURATION_S)) == {3}

@@ -43,8 +43,8 @@ class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
     `allocation_failed(nbytes, units)`, `after_oom(in_flight)` (the slots still in flight once an
-    OOM's request left), `oom_admitted(admitted_s)` (before `on_oom`: when its request was
-    admitted), `oldest_in_flight(arrived_s)` (before each reading: when the
+    OOM's request left), `oom_admitted(admitted_s)` (first, at every OOM, a too large one's
+    included: when its request was admitted), `oldest_in_flight(arrived_s)` (before each reading: when the
     oldest request in flight arrived; None when none runs, or where several routes are gated), and
     the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
     to under the next whole slot)."""
@@ -180,8 +180,10 @@ class AIMD(_Bounds):
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
         self._admitted_s: float | None = None  # when the next `on_oom`'s request was admitted (`oom_admitted`)
-        # Until the next reading, the most the limit may be after an OOM (`after_oom`); None: no such hold
+        # Until the next reading, the most the limit may be after an OOM (`after_oom`), or after the others
+        # rose into a full card ("memory"); None: no such hold
         self._until_reading: int | None = None
+        self._until_reading_bound = "oom"
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -292,8 +294,16 @@ class AIMD(_Bounds):
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self._now_s = max(self._now_s, now_s)
+        self._admitted_s = None  # an `oom_admitted` with no `on_oom` after it: a request too large
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
+        if self.memory.pressed and in_flight >= 1:
+            # The others rose into a full card: whatever our requests free until the next reading may
+            # be theirs. A slot less till then, so that the next request does not allocate into room
+            # they have taken (a neighbour that came to a card nine requests filled took the room of
+            # the first to finish, and the one admitted into it ran out: with a crash, 1 s lost).
+            self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
+            self._until_reading_bound = "memory"
         self._update("memory", at_most=self._most_after_reading(now_s))
 
     def _most_after_reading(self, now_s: float) -> int | None:
@@ -316,7 +326,8 @@ class AIMD(_Bounds):
         if not self._reads_memory() or self.memory.is_mix():
             return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
-        self._until_reading = held if self._until_reading is None else min(self._until_reading, held)
+        if self._until_reading is None or held < self._until_reading:
+            self._until_reading, self._until_reading_bound = held, "oom"
         self._update("out of memory", at_most=self._limit)
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
@@ -330,10 +341,14 @@ class AIMD(_Bounds):
         return False
 
     def oom_admitted(self, admitted_s: float) -> None:
-        """Optional in the protocol, before `on_oom`: when the request that ran out was admitted. Where
-        the card read now holds its level and a request more, the OOM happened in the card it was
-        admitted under, and keeps that one's room (`OomStates.record`)."""
+        """Optional in the protocol, first at every OOM (a request too large included): when the
+        request that ran out was admitted. It held nothing at the readings since (`MemoryModel.ran_out`).
+        For the `on_oom` that may follow: where the card read now holds its level and a request more,
+        the OOM happened in the card it was admitted under, and keeps that one's room
+        (`OomStates.record`)."""
         self._admitted_s = admitted_s
+        if self._reads_memory():
+            self.memory.ran_out(admitted_s)
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """Optional in the protocol, before each reading: when the oldest request in flight arrived
@@ -390,7 +405,7 @@ class AIMD(_Bounds):
         if cap is None:
             return self._aimd_limit, "controller"
         if self._until_reading is not None and self._until_reading < cap:
-            return self._until_reading, "oom"
+            return self._until_reading, self._until_reading_bound
         if self.memory.ooms.describe(self._now_s, self.memory.room()) is not None and cap == self._oom_cap():
             return cap, "oom"
         return cap, "memory"
@@ -423,8 +438,11 @@ class AIMD(_Bounds):
             f"{room_gib:.2f} GiB of room beside {est.baseline_bytes / GiB:.2f} GiB of others', "
             f"{est.per_request_bytes / GiB:.2f} GiB a request"
         )
-        if bound == "oom" and self._until_reading is not None and self._until_reading == self._wanted()[0]:
-            return f"out of memory with {self._until_reading} left in flight: no more until the next reading; {figures}"
+        until = self._until_reading
+        if until is not None and until == self._wanted()[0] and self._until_reading_bound == bound:
+            if bound == "memory":
+                return f"memory: the others rose into a full card: {until} until the next reading; {figures}"
+            return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())
             assert state is not None
