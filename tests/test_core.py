@@ -300,3 +300,47 @@ def test_an_oom_tells_the_controller_what_stays_in_flight_and_no_waiter_takes_it
     core.release(other, 0.6, Outcome.OOM)  # told after its release: nothing of it stays in flight
     core.oom(other, 0.6, tried_bytes=3 * GiB)
     assert told[-1] == core.limiter.in_flight == 4
+
+
+def test_a_route_whose_requests_never_fit_is_answered_at_the_door_but_for_one_a_second() -> None:
+    """Three requests of one route in a row too large for the card (each ran alone and ran out), with
+    no success of the route between: its next are answered `too_large` at the door, without a slot,
+    but one a second tries the card again, and the first that fits opens the door. Another route's
+    requests come in meanwhile. One too large between successes closes nothing."""
+    from adaptive_gate.core import Reason
+
+    now = [0.0]
+    core = core_at(now)
+    core.sample(MemorySample(8 * GiB, 24 * GiB, oom_count=0), now[0])
+    for step in range(3):
+        now[0] = 0.1 + step * 0.1
+        assert core.arrive(30.0, now_s=now[0], route="large") is ADMITTED
+        ticket = core.admitted(now[0], 0.0, route="large")
+        assert core.oom(ticket, now[0] + 0.05, tried_bytes=20 * GiB) is True  # alone: too large
+        core.release(ticket, now[0] + 0.05, Outcome.OOM)
+    now[0] = 0.5
+    assert core.arrive(30.0, now_s=now[0], route="large") is Reason.TOO_LARGE
+    assert core.enter(30.0, 1, "large", now[0], now[0]) is None  # the fast way leaves it to `arrive`
+    assert core.limiter.in_flight == 0  # nothing taken for it
+    assert core.statistics(now[0]).too_large_routes == ("large",)
+    assert core.arrive(30.0, now_s=now[0], route="small") is ADMITTED
+    core.release(core.admitted(now[0], 0.0, route="small"), 0.6, Outcome.COMPLETED)
+    now[0] = 1.2  # a second after the route was last let through: one tries the card
+    assert core.arrive(30.0, now_s=now[0], route="large") is ADMITTED
+    tried = core.admitted(now[0], 0.0, route="large")
+    assert core.arrive(30.0, now_s=now[0] + 0.1, route="large") is Reason.TOO_LARGE
+    core.release(tried, 1.5, Outcome.COMPLETED)  # it fitted: a neighbour left, or the inputs changed
+    assert core.arrive(30.0, now_s=1.6, route="large") is ADMITTED
+    assert core.statistics(1.6).too_large_routes == ()
+    core.release(core.admitted(1.6, 0.0, route="large"), 1.7, Outcome.COMPLETED)
+
+    for step in range(6):  # too large, then a success, and so on: the door stays open
+        now[0] = 2.0 + step * 0.1
+        assert core.arrive(30.0, now_s=now[0], route="large") is ADMITTED
+        ticket = core.admitted(now[0], 0.0, route="large")
+        if step % 2:
+            core.release(ticket, now[0] + 0.05, Outcome.COMPLETED)
+        else:
+            core.oom(ticket, now[0] + 0.05, tried_bytes=20 * GiB)
+            core.release(ticket, now[0] + 0.05, Outcome.OOM)
+    assert core.arrive(30.0, now_s=2.7, route="large") is ADMITTED

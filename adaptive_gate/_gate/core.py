@@ -34,6 +34,7 @@ from .snapshot import CoreSnapshot
 from .statistics import LimitChange
 from .swallowed import SwallowedOoms
 from .tickets import MAX_COST, InFlight, Outcome, Ticket, _Probe, units_of_cost
+from .too_large import TooLargeRoutes
 
 __all__ = ["GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -79,6 +80,7 @@ class GateCore(CoreSnapshot):
         self.classes = ClassCounts() if classes else None
         self.services = ServiceEstimates()
         self._mean_by_route = self.services.mean_by_route
+        self.too_large_routes = TooLargeRoutes()  # answered at the door while their requests never fit
         # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
         self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
         self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
@@ -133,6 +135,8 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
             return Reason.DEADLINE
+        if self.too_large_routes and self.too_large_routes.refuses(route, now_s):
+            return Reason.TOO_LARGE
         if self.limiter.try_acquire(units, now_s=now_s):
             return ADMITTED
         return queue_up(self, now_s, timeout_s, self.services.planned_s(route) or 0.0, priority, tenant, units)
@@ -155,6 +159,8 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
+        if self.too_large_routes:
+            return None  # `arrive` decides: "too_large" at the door, or a request let through to try the card
         limiter = self.limiter
         busy_area = limiter.take(units, now_s)
         if busy_area is None:
@@ -261,6 +267,8 @@ class GateCore(CoreSnapshot):
         self.counters.completed += 1
         self.service_s.add(latency_s)
         self.services.add(ticket.route, latency_s, now_s)
+        if self.too_large_routes:
+            self.too_large_routes.served(ticket.route)
         limit = limiter.limit
         demand = in_flight >= limit or limiter.queued > 0
         controller, operator = self.controller, self.operator
@@ -291,7 +299,9 @@ class GateCore(CoreSnapshot):
             too_large = allocation_failed(tried_bytes, ticket.units)
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()
-        if not too_large:  # one request that does not fit even alone: cutting would only starve the others
+        if too_large:  # cutting would only starve the others; its route's next ones may be answered at the door
+            self.too_large_routes.failed(ticket.route, now_s)
+        else:
             # The level that ran out: as many as ran when it came in (its allocation may have failed
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)

@@ -15,6 +15,7 @@ from .answers import CoreAnswers
 from .figures import BucketCounts, RecentValues
 from .overload import OverloadDetector
 from .statistics import ControllerStatistics, GateStatistics, Histogram, LimitChange, ProbeStatistics
+from .too_large import TooLargeRoutes
 
 __all__ = ["CoreSnapshot"]
 
@@ -30,6 +31,7 @@ class CoreSnapshot(CoreAnswers):
     unix_offset_s: float
     classes: ClassCounts | None
     route_weights: RouteWeights | None
+    too_large_routes: TooLargeRoutes
     detector: OverloadDetector | None
     overload: str
 
@@ -76,6 +78,7 @@ class CoreSnapshot(CoreAnswers):
             tenants={} if self.classes is None else self.classes.shown_tenants(),
             overload=self._overload_figures(now_s),
             route_weights={} if self.route_weights is None else self.route_weights.weights(),
+            too_large_routes=tuple(self.too_large_routes.refused()),
         )
 
     def _overload_figures(self, now_s: float) -> dict[str, Any]:

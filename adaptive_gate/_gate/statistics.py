@@ -106,3 +106,6 @@ class GateStatistics:
     # What one request of each route weighs in slots, where readings have told routes apart
     # (`_control/route_weights.py`); empty while every request weighs 1.
     route_weights: dict[str, float] = field(default_factory=dict)
+    # The routes whose last requests were all too large for the card: answered at the door but for one
+    # a second (`_gate/too_large.py`).
+    too_large_routes: tuple[str, ...] = ()

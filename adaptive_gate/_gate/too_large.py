@@ -1,0 +1,63 @@
+"""Routes whose requests do not fit on the card even alone, answered at the door.
+
+A request too large for the card fails once it allocates, a part of its work in: the gate calls it
+`too_large`, and it teaches the controller nothing. But it held a slot until then, and where all of
+a route's requests are that large (an endpoint for inputs the card cannot take, or a neighbour that
+left too little for any of them), its clients, answered fast, send the next at once: the slots fill
+with requests that hold nothing and fail, and the requests that fit wait behind them (a twentieth of
+what a reader of the card serves, in a mix of two routes whose large one never fit).
+
+So a route whose last `IN_A_ROW` requests were all too large, with no success between, is answered
+`too_large` at the door, but for one request per `RETRY_S`, which tries whether the card takes it
+again (a neighbour left, the inputs changed). The first success of the route lets it in again. A
+route whose too-large requests come among ones that fit (one large input now and then) never gets
+there: their successes clear the count.
+"""
+
+from __future__ import annotations
+
+__all__ = ["IN_A_ROW", "RETRY_S", "TooLargeRoutes"]
+
+IN_A_ROW = 3  # too large in a row, with no success of the route between, before the door closes
+RETRY_S = 1.0  # while it is closed, one request of the route a second tries the card again
+MAX_ROUTES = 64  # routes remembered (bounded, whatever the app has): the oldest is forgotten first
+
+
+class TooLargeRoutes:
+    """Per route: how many requests in a row were too large, and when one was last let through."""
+
+    def __init__(self) -> None:
+        self._by_route: dict[object, list[float]] = {}  # route -> [too large in a row, last let through]
+
+    def __bool__(self) -> bool:
+        """Whether any route has had a request too large since its last success: every admission asks."""
+        return bool(self._by_route)
+
+    def failed(self, route: object, now_s: float) -> None:
+        """A request of `route` was too large for the card."""
+        entry = self._by_route.get(route)
+        if entry is None:
+            if len(self._by_route) >= MAX_ROUTES:
+                del self._by_route[next(iter(self._by_route))]
+            self._by_route[route] = [1.0, now_s]
+        else:
+            entry[0] += 1
+
+    def served(self, route: object) -> None:
+        """A request of `route` succeeded: the card takes its requests."""
+        self._by_route.pop(route, None)
+
+    def refuses(self, route: object, now_s: float) -> bool:
+        """Whether a request of `route` arriving at `now_s` is answered `too_large` at the door: its
+        last `IN_A_ROW` were, and one was let through less than `RETRY_S` ago."""
+        entry = self._by_route.get(route)
+        if entry is None or entry[0] < IN_A_ROW:
+            return False
+        if now_s - entry[1] >= RETRY_S:
+            entry[1] = now_s  # this one tries the card again
+            return False
+        return True
+
+    def refused(self) -> list[str]:
+        """The routes answered at the door now, by label, for the status."""
+        return [str(getattr(route, "label", route)) for route, entry in self._by_route.items() if entry[0] >= IN_A_ROW]
