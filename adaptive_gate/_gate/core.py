@@ -159,7 +159,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
-        if self.too_large_routes:
+        if self.too_large_routes and self.too_large_routes.closed(route):
             return None  # `arrive` decides: "too_large" at the door, or a request let through to try the card
         limiter = self.limiter
         busy_area = limiter.take(units, now_s)

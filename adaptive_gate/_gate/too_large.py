@@ -47,6 +47,11 @@ class TooLargeRoutes:
         """A request of `route` succeeded: the card takes its requests."""
         self._by_route.pop(route, None)
 
+    def closed(self, route: object) -> bool:
+        """Whether `route`'s last `IN_A_ROW` requests were too large: `refuses` decides for each."""
+        entry = self._by_route.get(route)
+        return entry is not None and entry[0] >= IN_A_ROW
+
     def refuses(self, route: object, now_s: float) -> bool:
         """Whether a request of `route` arriving at `now_s` is answered `too_large` at the door: its
         last `IN_A_ROW` were, and one was let through less than `RETRY_S` ago."""
