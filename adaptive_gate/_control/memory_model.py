@@ -134,7 +134,6 @@ class MemoryModel:
         # Where the sizes shrank: when the oldest request read at the smaller size arrived, and the
         # size from before. Requests that arrived before then may be of that size (`heavier_before`).
         self._shrunk: tuple[float, float] | None = None
-        self._now_s = 0.0  # when the last reading was taken
         # Whether the others rose at the last reading and it found the card full: they took all there
         # was, and may want more (a neighbour that arrived on a full card takes each byte we free).
         self.pressed = False
@@ -153,7 +152,6 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
-        self._now_s = now_s
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
@@ -502,16 +500,6 @@ class MemoryModel:
             return n
         barred = self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
         return n if barred is None else min(n, barred - 1)
-
-    def ran_out(self, admitted_s: float) -> None:
-        """A request admitted at `admitted_s` ran out of memory (too large or not). Where it ran at
-        the last reading, it held nothing there (an allocation that fails holds nothing), and a
-        relief pending on that reading is a request that failed, not room that came back: read as
-        such, the others' bytes fell by the neighbour that took the room (23.8 GiB of others read
-        as 14.8, and pairs of requests that never fit beside the neighbour, taken for 9 GiB ones,
-        ran out every few seconds). The next readings, without it, tell."""
-        if admitted_s <= self._now_s:
-            self._pending_relief.clear()
 
     def failed(self) -> None:
         """A request ran out of memory: requests that hold nothing may be those failing, not small."""

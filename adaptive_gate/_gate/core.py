@@ -289,9 +289,6 @@ class GateCore(CoreSnapshot):
             and ticket.serial == self.counters.admitted
             and limiter.in_flight == ticket.units
         )
-        admitted = getattr(self.controller, "oom_admitted", None)  # optional in the protocol
-        if admitted is not None:  # every OOM, a too large one's too: it held nothing at the readings it ran at
-            admitted(ticket.admitted_s)
         allocation_failed = getattr(self.controller, "allocation_failed", None)  # optional in the protocol
         too_large = alone
         if not alone and tried_bytes is not None and allocation_failed is not None:
@@ -306,6 +303,9 @@ class GateCore(CoreSnapshot):
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)
             told = self.controller.on_oom
+            admitted = getattr(self.controller, "oom_admitted", None)  # optional in the protocol
+            if admitted is not None:
+                admitted(ticket.admitted_s)
             worth_now = (
                 limiter.in_flight if self.route_weights is None else self.route_weights.slots(self.requests_by_route)
             )

@@ -4,7 +4,7 @@ A request too large for the card fails once it allocates, a part of its work in:
 `too_large`, and it teaches the controller nothing. But it held a slot until then, and where all of
 a route's requests are that large (an endpoint for inputs the card cannot take, or a neighbour that
 left too little for any of them), its clients, answered fast, send the next at once: the slots fill
-with requests that hold nothing and fail, and the requests that fit wait behind them (a twentieth of
+with requests that hold nothing and fail, and the requests that fit wait behind them (a quarter of
 what a reader of the card serves, in a mix of two routes whose large one never fit).
 
 So a route whose last `IN_A_ROW` requests were all too large, with no success between, is answered
