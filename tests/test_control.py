@@ -909,33 +909,6 @@ def test_a_bar_at_a_fit_by_the_slack_alone_holds_until_the_level_fits_without_it
     assert states.barred_from(10.5, 4.011) is None  # four fit without the slack: tried again
 
 
-def test_an_oom_the_card_read_now_cannot_explain_keeps_the_room_its_request_was_admitted_under() -> None:
-    """Two ran out where the card now reads room for five: that is not the card it ran out in. Its
-    request was admitted under a reading with room for two thirds of one (a neighbour that has left
-    since), and that is the room its bar holds for. An OOM the card read now can explain (five ran
-    out in room for 5.33) keeps the room read now, whatever the reading it was admitted under."""
-    from adaptive_gate._control.oom_states import OomStates
-
-    states = OomStates()
-    for now_s, room in [(1.0, 0.5), (2.0, 0.67), (2.1, 5.33)]:  # a neighbour held all but 2 GiB; it left
-        states.observe(now_s, room)
-    states.record(2.13, 2, 5.33, since_s=2.05)  # admitted under the reading of 2.0, before it left
-    assert states.barred_from(2.2, 5.33) is None  # two fit once the neighbour left: nothing barred
-    assert states.barred_from(2.2, 1.5) == 2  # but not while the card reads as tight as then
-    explained_now = OomStates()
-    for now_s, room in [(1.0, 0.5), (2.0, 0.67), (2.1, 5.33)]:
-        explained_now.observe(now_s, room)
-    explained_now.record(2.13, 5, 5.33, since_s=2.05)  # five in room for 5.33: the card read now
-    assert explained_now.barred_from(2.2, 5.33) == 5 and explained_now.barred_from(2.2, 6.0) == 5
-    assert explained_now.barred_from(2.2, 6.34) is None  # a whole request roomier than then
-    forgotten = OomStates()
-    for now_s, room in [(2.0, 0.67), (2.1, 5.33)]:
-        forgotten.observe(now_s, room)
-    forgotten.forget()  # the route weights changed: those rooms were read in other slots
-    forgotten.record(2.13, 2, 5.33, since_s=2.05)
-    assert forgotten.barred_from(2.2, 5.33) == 2
-
-
 def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothing() -> None:
     """A neighbour takes 7 GiB: the reading shows the others' rise, by the count in flight and by
     the own count alike. At the next, three of the five in flight failed to allocate and hold

@@ -152,8 +152,8 @@ def test_a_neighbour_that_leaves_no_room_for_one_request_gives_the_card_back_wit
     3: each request runs alone and is too large. One admitted just before the neighbour left failed
     to allocate then, and its error came 30 ms later, with a second request in flight and the card
     read empty of neighbours. Its OOM was kept as two not fitting in room for five: two stayed barred
-    for the 20 s left (0.60 of the reader). Where the card read now has room for the level and a
-    request more, the OOM is kept with the room its request was admitted under."""
+    for the 20 s left (0.60 of the reader). After three too large in a row the route is answered at
+    the door but for one request a second, and no pair meets the neighbour's last moment."""
     from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
     from benchmarks.virtual import one_run, recovery_s

@@ -43,8 +43,7 @@ class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
     `allocation_failed(nbytes, units)`, `after_oom(in_flight)` (the slots still in flight once an
-    OOM's request left), `oom_admitted(admitted_s)` (before `on_oom`: when its request was
-    admitted), `oldest_in_flight(arrived_s)` (before each reading: when the
+    OOM's request left), `oldest_in_flight(arrived_s)` (before each reading: when the
     oldest request in flight arrived; None when none runs, or where several routes are gated), and
     the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
     to under the next whole slot)."""
@@ -179,7 +178,6 @@ class AIMD(_Bounds):
         self.ooms_seen = 0
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
-        self._admitted_s: float | None = None  # when the next `on_oom`'s request was admitted (`oom_admitted`)
         # Until the next reading, the most the limit may be after an OOM (`after_oom`), or after the others
         # rose into a full card ("memory"); None: no such hold
         self._until_reading: int | None = None
@@ -250,7 +248,6 @@ class AIMD(_Bounds):
         level = max(self.min_limit + 1, math.ceil(in_flight))
         # What the hooks before it told of this OOM's request (never of a later one's)
         allocation, self._allocation = self._allocation, None
-        admitted_s, self._admitted_s = self._admitted_s, None
         if self._reads_memory():
             self.memory.failed()
             learned = allocation is not None and self.memory.learn_size(allocation[0], allocation[1], now_s)
@@ -270,7 +267,7 @@ class AIMD(_Bounds):
                 # that its own request's size explains (a large one left from before the sizes
                 # shrank), which says little of how many of the model's requests fit.
                 placed, load = placed and not stray, max(in_flight, level - 1)
-                self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed, load=load, since_s=admitted_s)
+                self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed, load=load)
             self._epoch += 1
             self._update("out of memory", at_most=self._limit)  # an OOM never raises the limit
             return
@@ -338,12 +335,6 @@ class AIMD(_Bounds):
             return True
         self._allocation = (nbytes, units)  # for the `on_oom` that follows, which carries the time
         return False
-
-    def oom_admitted(self, admitted_s: float) -> None:
-        """Optional in the protocol, before `on_oom`: when the request that ran out was admitted. Where
-        the card read now holds its level and a request more, the OOM happened in the card it was
-        admitted under, and keeps that one's room (`OomStates.record`)."""
-        self._admitted_s = admitted_s
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """Optional in the protocol, before each reading: when the oldest request in flight arrived

@@ -8,7 +8,6 @@ card changed. Arithmetic on observations, the time passed in.
 from __future__ import annotations
 
 import math
-from collections import deque
 
 __all__ = ["FIT_SLACK", "ROOM_MARGIN", "OomStates"]
 
@@ -25,7 +24,6 @@ ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's 
 # later, and its level stayed barred, in the room read before the neighbour came, after it left.
 OOM_STATE_S = 0.25
 MAX_STATES = 16
-ROOMS_KEPT = 64  # readings whose room an OOM may look back to, for the one its request was admitted under
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
 # One the app caught (the probe's count: cuDNN counts its own tries too), or one its own request's
 # size explains: held a few readings' worth of seconds, not the ten that once kept a limit four
@@ -47,37 +45,20 @@ class OomStates:
 
     def __init__(self) -> None:
         self._states: list[list[float]] = []  # [level, room then, when, until, load, 1 until a reading came]
-        self._rooms: deque[tuple[float, float]] = deque(maxlen=ROOMS_KEPT)  # (when, room) of the last readings
 
     def record(
-        self,
-        now_s: float,
-        level: int,
-        room: float | None,
-        *,
-        placed: bool = True,
-        load: float | None = None,
-        since_s: float | None = None,
+        self, now_s: float, level: int, room: float | None, *, placed: bool = True, load: float | None = None
     ) -> None:
         """`level`: the whole slots barred from; `load`: the slots in flight that did not fit, where
-        requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level.
-        `since_s`: when the request that ran out was admitted. Where the card as read now has room
-        for the level and a whole request more, the OOM did not happen in it but in the card its
-        request was admitted under, and the room kept is that one's (a request whose allocation
-        failed beside a neighbour that left before its error came barred two, where five fit, for
-        two minutes)."""
+        requests weigh parts of one (route weights, `cost`): 6.75 ran out, where 7 is the level."""
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
         room_then, load_then = math.inf if room is None else room, level if load is None else load
-        if since_s is not None and room_then >= level + ROOM_MARGIN:
-            under = [r for t, r in self._rooms if t <= since_s]  # the last of them: the one it was admitted under
-            room_then = min(room_then, under[-1]) if under else room_then
         self._states = [*kept[-(MAX_STATES - 1) :], [level, room_then, now_s, now_s + memory_s, load_then, 1]]
 
     def observe(self, now_s: float, room: float | None) -> None:
         if room is None:
             return
-        self._rooms.append((now_s, room))
         for state in self._states:
             if state[5] or now_s - state[2] <= OOM_STATE_S:
                 state[1], state[5] = min(state[1], room), 0
@@ -105,9 +86,8 @@ class OomStates:
         return None
 
     def forget(self) -> None:
-        """Slots changed what they weigh: the levels and rooms read so far are in the old ones."""
+        """Slots changed what they weigh: the levels barred so far are in the old ones."""
         self._states.clear()
-        self._rooms.clear()
 
     @staticmethod
     def _bars(state: list[float], now_s: float, room: float) -> bool:

@@ -303,9 +303,6 @@ class GateCore(CoreSnapshot):
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)
             told = self.controller.on_oom
-            admitted = getattr(self.controller, "oom_admitted", None)  # optional in the protocol
-            if admitted is not None:
-                admitted(ticket.admitted_s)
             worth_now = (
                 limiter.in_flight if self.route_weights is None else self.route_weights.slots(self.requests_by_route)
             )
