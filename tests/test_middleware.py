@@ -249,6 +249,7 @@ async def test_a_request_that_runs_out_of_memory_alone_does_not_cut_the_limit() 
     assert stats.limit == 3 and stats.controller.epoch == 0
     assert stats.counters["rejected_by_reason"] == {"too_large": 5}
     assert len(stats.too_large_routes) == 1 and "/infer" in stats.too_large_routes[0]
+    assert gate.status()["too_large_routes"] == list(stats.too_large_routes)  # as `/gate/status` shows it
 
 
 async def test_other_errors_propagate_and_free_the_slot() -> None:

@@ -81,6 +81,7 @@ class GateCore(CoreSnapshot):
         self.services = ServiceEstimates()
         self._mean_by_route = self.services.mean_by_route
         self.too_large_routes = TooLargeRoutes()  # answered at the door while their requests never fit
+        self._too_large_by_route = self.too_large_routes.by_route
         # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
         self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
         self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
@@ -135,7 +136,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
             return Reason.DEADLINE
-        if self.too_large_routes and self.too_large_routes.refuses(route, now_s):
+        if self._too_large_by_route and self.too_large_routes.refuses(route, now_s):
             return Reason.TOO_LARGE
         if self.limiter.try_acquire(units, now_s=now_s):
             return ADMITTED
@@ -159,7 +160,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
-        if self.too_large_routes and self.too_large_routes.closed(route):
+        if self._too_large_by_route and self.too_large_routes.closed(route):
             return None  # `arrive` decides: "too_large" at the door, or a request let through to try the card
         limiter = self.limiter
         busy_area = limiter.take(units, now_s)
@@ -267,7 +268,7 @@ class GateCore(CoreSnapshot):
         self.counters.completed += 1
         self.service_s.add(latency_s)
         self.services.add(ticket.route, latency_s, now_s)
-        if self.too_large_routes:
+        if self._too_large_by_route:
             self.too_large_routes.served(ticket.route)
         limit = limiter.limit
         demand = in_flight >= limit or limiter.queued > 0

@@ -27,37 +27,35 @@ class TooLargeRoutes:
     """Per route: how many requests in a row were too large, and when one was last let through."""
 
     def __init__(self) -> None:
-        self._by_route: dict[object, list[float]] = {}  # route -> [too large in a row, last let through]
-
-    def __bool__(self) -> bool:
-        """Whether any route has had a request too large since its last success: every admission asks."""
-        return bool(self._by_route)
+        # route -> [too large in a row, last let through]; empty while every route's last request fitted,
+        # which every admission and success asks (one truth test of a dict, as `ServiceEstimates.mean_by_route`)
+        self.by_route: dict[object, list[float]] = {}
 
     def failed(self, route: object, now_s: float) -> None:
         """A request of `route` was too large for the card."""
-        entry = self._by_route.get(route)
+        entry = self.by_route.get(route)
         if entry is None:
-            if len(self._by_route) >= MAX_ROUTES:
-                del self._by_route[next(iter(self._by_route))]
-            self._by_route[route] = [1.0, now_s]
+            if len(self.by_route) >= MAX_ROUTES:
+                del self.by_route[next(iter(self.by_route))]
+            self.by_route[route] = [1.0, now_s]
         else:
             entry[0] += 1
 
     def served(self, route: object) -> None:
         """A request of `route` succeeded: the card takes its requests."""
-        self._by_route.pop(route, None)
+        self.by_route.pop(route, None)
 
     def closed(self, route: object) -> bool:
         """Whether `route`'s last `IN_A_ROW` requests were too large: `refuses` decides for each."""
-        entry = self._by_route.get(route)
+        entry = self.by_route.get(route)
         return entry is not None and entry[0] >= IN_A_ROW
 
     def refuses(self, route: object, now_s: float) -> bool:
         """Whether a request of `route` arriving at `now_s` is answered `too_large` at the door: its
         last `IN_A_ROW` were, and one was let through less than `RETRY_S` ago."""
-        entry = self._by_route.get(route)
-        if entry is None or entry[0] < IN_A_ROW:
+        if not self.closed(route):
             return False
+        entry = self.by_route[route]
         if now_s - entry[1] >= RETRY_S:
             entry[1] = now_s  # this one tries the card again
             return False
@@ -65,4 +63,4 @@ class TooLargeRoutes:
 
     def refused(self) -> list[str]:
         """The routes answered at the door now, by label, for the status."""
-        return [str(getattr(route, "label", route)) for route, entry in self._by_route.items() if entry[0] >= IN_A_ROW]
+        return [str(getattr(route, "label", route)) for route in self.by_route if self.closed(route)]

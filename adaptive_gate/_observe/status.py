@@ -39,6 +39,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "priorities": stats.priorities,
         "tenants": stats.tenants,
         "route_weights": stats.route_weights,
+        "too_large_routes": list(stats.too_large_routes),
         "controller": {
             "controller": stats.controller.name,
             "bound": stats.controller.bound,
