@@ -44,6 +44,7 @@ def simulate(
     crash_s: float = 0.0,
     clients: int | None = None,
     gpu: SimulatedGPU | None = None,
+    start_delay_s: float = 0.0,
 ) -> SimulationResult:
     """`oom_after_fraction`: how far into its work a request that does not fit runs out of memory
     (0: at once; the work done until then is lost, and its slot held). `crash_s` > 0: an OOM takes
@@ -51,15 +52,21 @@ def simulate(
     then and those admitted meanwhile fail (`crashed`). `clients`: a closed loop of so many clients,
     each sending its next request when its last one is answered (`CLIENT_PAUSE_S` after a refusal),
     instead of the phases' Poisson arrivals. `gpu`: the card to run on (by default a new one of
-    `total_bytes`, `baseline_bytes` of it taken), for a caller that looks at it while it runs."""
+    `total_bytes`, `baseline_bytes` of it taken), for a caller that looks at it while it runs.
+    `start_delay_s` > 0: each admitted request allocates after a delay drawn up to so long, holding
+    nothing meanwhile, as one does on a loaded event loop (its handler runs late) or while it
+    decodes its input on the CPU; its work starts then."""
     if crash_s < 0 or (clients is not None and clients < 1):
         raise ValueError(f"need crash_s >= 0 and clients None or >= 1, got {crash_s} and {clients}")
+    if not start_delay_s >= 0:  # NaN too
+        raise ValueError(f"need start_delay_s >= 0 seconds, got {start_delay_s}")
     run = Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
     if gpu is not None:
         run.gpu = gpu
     run.oom_after_fraction = oom_after_fraction
     run.crash_s = crash_s
     run.clients = clients
+    run.start_delay_s = start_delay_s
     run.core = GateCore(
         controller or AIMD(),
         min_limit=min_limit,

@@ -163,6 +163,7 @@ class World:
             work_s = float(request.headers["x-work-s"])
             world.running += 1
             try:
+                time.sleep(float(request.headers["x-start-delay-s"]))  # a decode on the CPU: nothing on the card yet
                 try:
                     allocation = world.gpu.allocate(nbytes).__enter__()
                 except RuntimeError:
@@ -197,10 +198,12 @@ class World:
         """What a client sends: the path, its deadline, its size (which the app allocates) and what
         it weighs."""
         nbytes = self.phase.request_bytes(self.random)
+        delay_s = self.random.uniform(0.0, self.scenario.start_delay_s) if self.scenario.start_delay_s else 0.0
         headers = {
             "x-envoy-expected-rq-timeout-ms": str(int(DEADLINE_S * 1000)),
             "x-request-bytes": str(nbytes),
             "x-work-s": str(self.scenario.work(self.random)),
+            "x-start-delay-s": str(delay_s),
         }
         if self.scenario.cost is not None:
             headers["x-cost"] = str(self.scenario.cost(nbytes))

@@ -54,6 +54,8 @@ class Scenario:
     route: Callable[[int], str] | None = None  # the path a request of so many bytes takes (None: /infer)
     lifespan: bool = True  # False: served without a lifespan (the gate starts its work on the first request)
     sample_period_s: float = 0.1  # how often the gate, and the reader, read the card (`sample_period`)
+    # > 0: each request allocates up to so long after its admission (a loaded event loop, a CPU decode)
+    start_delay_s: float = 0.0
 
     def work(self, rng: random.Random) -> float:
         """One request's seconds of work: `work_s`, or with jitter a draw from half of it up, with

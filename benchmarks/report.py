@@ -40,6 +40,7 @@ SHORT = {
     "mixed-routes-tight": "the same, on a card with room for five of them",
     "two-neighbours": "two neighbours come, one after the other",
     "survived-neighbour": "a neighbour takes five of eight; OOMs do not crash",
+    "late-start": "requests allocate up to 50 ms after admission",
 }
 
 

@@ -188,6 +188,15 @@ SCENARIOS: dict[str, Scenario] = {
             capacity_per_s=40.0,
         ),
         Scenario(
+            "late-start",
+            "classic, where each request allocates up to 50 ms after it is admitted (its input decoded on "
+            "the CPU first, or its handler run late by a loaded event loop): readings catch some of those in "
+            "flight holding nothing yet",
+            [Phase(0.0, THREE_GIB)],
+            start_delay_s=0.05,
+            crash_s=1.0,
+        ),
+        Scenario(
             "too-large",
             "classic, where one request in twelve asks for 20 GiB, which never fits, even alone",
             [Phase(0.0, now_and_then_too_large)],
@@ -217,6 +226,7 @@ FULL_PLAN: dict[str, list[str]] = {
     "mixed-routes": ["2x"],
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
+    "late-start": ["2x", "closed-32"],
 }
 QUICK_PLAN: dict[str, list[str]] = FULL_PLAN | {"classic": ["1x", "4x"]}
 FULL_STATIC = [1, 2, 3, 4, 5, 6]

@@ -151,6 +151,7 @@ def one_run(
         clients=clients,
         gpu=gpu,
         sample_period_s=scenario.sample_period_s,
+        start_delay_s=scenario.start_delay_s,
     )
 
 

@@ -93,6 +93,25 @@ def test_a_knee_without_memory_pressure_costs_no_throughput() -> None:
     assert result.ooms == 0
 
 
+def test_requests_that_allocate_late_hold_nothing_until_they_do_and_crash_with_the_worker() -> None:
+    """`start_delay_s`: an admitted request allocates up to so long later (its input decoded on the
+    CPU first). Readings catch one in flight with nothing on the card; without the delay, never."""
+    from adaptive_gate import Fixed
+
+    phases = [Phase(0.0, 0.0, 3 * GiB, 0.1)]
+    for delay_s in (0.0, 0.05):
+        result = run(phases, 20, controller=Fixed(1), clients=1, start_delay_s=delay_s, sample_period_s=0.01)
+        hollow = [row for row in result.series if row[2] == 1 and row[4] == WEIGHTS]
+        assert (len(hollow) > 20) if delay_s else not hollow
+        assert result.completed > 0.9 * 20 / (0.1 + delay_s)
+    crashing = [Phase(0.0, 0.0, 20 * GiB, 0.1)]  # never fits: each OOM takes the worker down
+    result = run(crashing, 5, controller=Fixed(4), clients=8, start_delay_s=0.05, crash_s=1.0)
+    assert result.crashed > 0 and result.completed == 0
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="start_delay_s"):
+            run(phases, 1, start_delay_s=bad)
+
+
 def test_replays_are_deterministic() -> None:
     phases = [Phase(0, 40, 3 * GiB, 0.1), Phase(30, 40, 3 * GiB, 0.1, neighbour_bytes=4 * GiB)]
     first, second = run(phases, 60, seed=5), run(phases, 60, seed=5)

@@ -92,6 +92,7 @@ class Run:
     core: GateCore
     oom_after_fraction = 0.0
     crash_s = 0.0
+    start_delay_s = 0.0  # the most an admitted request waits before it allocates (`simulate`)
     clients: int | None = None
     down_until_s = -math.inf
 
@@ -122,6 +123,7 @@ class Run:
         self.sequence = itertools.count()
         self.ids = itertools.count()
         self.running: list[_Request] = []
+        self.starting: list[_Request] = []  # admitted, and yet to allocate (`start_delay_s`)
         self.waiting: dict[Waiter, _Request] = {}
         self.next_completion: tuple[float, _Request] | None = None
 
@@ -154,6 +156,7 @@ class Run:
             "deadline": self.on_deadline,
             "completion": self.on_completion,
             "neighbour": self.on_neighbour,
+            "allocate": self.on_allocate,
         }
         while self.events:
             at_s, _, kind, payload = heapq.heappop(self.events)
@@ -240,6 +243,20 @@ class Run:
         request.ticket = self.core.admitted(
             self.now_s, self.now_s - request.arrived_s, request.units, request.route, request.requests, request.heavier
         )
+        if self.start_delay_s > 0:
+            # Admitted, and holding nothing until its handler runs: a loaded event loop, a decode on the CPU
+            self.schedule(self.now_s + self.random.uniform(0.0, self.start_delay_s), "allocate", request)
+            self.starting.append(request)
+            return
+        self.on_allocate(request)
+
+    def on_allocate(self, payload: object) -> None:
+        request = payload
+        assert isinstance(request, _Request) and request.ticket is not None
+        if request.ticket.released:
+            return  # lost with the worker while it waited to start
+        if self.start_delay_s > 0:
+            self.starting.remove(request)
         if self.now_s < self.down_until_s:
             self.crashed(request)  # the worker is restarting: whatever it is sent fails
             return
@@ -278,6 +295,9 @@ class Run:
             for running in list(self.running):
                 self.running.remove(running)
                 self.crashed(running)
+            for starting in self.starting:  # admitted and yet to allocate: lost with the process too
+                self.crashed(starting)
+            self.starting.clear()
         self.start_granted()
 
     def crashed(self, request: _Request) -> None:
