@@ -551,6 +551,24 @@ def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefl
     assert c.limit == 5 and c.describe()["oom"] is None
 
 
+def test_a_request_a_little_larger_than_the_model_says_bars_its_level_as_any_oom() -> None:
+    """The model has 3.15 GiB a request where requests hold 3.5 (readings caught some not yet
+    allocated). Five ran out of memory, and the OOM named 3.5 GiB: four at the model's size and one of
+    3.5 overflow the room where five fit by the model. Within a mix's spread of the mean, that is no
+    large request left from before the sizes shrank: it says the model is short, and bars five as any
+    OOM does. Taken for a stray, the bar lasted seconds, five were tried again and again, and with a
+    crash per OOM the gate served 0.76 of the reader (`late-start`)."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=3.15)
+    assert c.limit == 5
+    assert not c.allocation_failed(3.5 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=5)
+    assert c.limit == 4
+    c.on_sample(now_s=now_s + 20, sample=MemorySample(int(23.75 * GiB), TOTAL), in_flight=5)
+    assert c.limit == 4 and c.describe()["bound"] == "oom"
+
+
 def test_a_mix_learns_how_heavy_a_tail_to_plan_for_from_its_ooms() -> None:
     """Sizes the gate cannot tell apart (1.5 GiB and 6 GiB): an OOM there is their large ones
     meeting. It bars no level; it makes the cap plan for a heavier tail, which successes relax."""

@@ -21,9 +21,9 @@ DURATION_S = 60.0
 # byte budget there (see the limitations in docs/benchmarks.md); it is held to what it reaches.
 MIX_WITHOUT_COST = {"mixed": 0.68}
 MIX_OOM_SHARE = 0.08  # of a mix's requests served, at most, where the gate has to learn it is one
-# Requests that allocate a while after their admission read as smaller ones (the limitations in
-# docs/benchmarks.md): held to what the gate reaches there, of the reader and in OOMs per request served.
-ALLOCATED_LATE = {"late-start": (0.72, 0.01)}
+# Requests that allocate a while after their admission read as smaller ones until an OOM says what
+# they hold (the limitations in docs/benchmarks.md): one OOM while the gate learns that, beyond the target.
+LEARNING_OOMS = {"late-start": 1}
 CASES = [(name, load) for name, loads in PLAN.items() for load in loads]
 
 
@@ -43,8 +43,6 @@ def test_adaptive_serves_what_a_reader_of_the_card_serves(name: str, load: str) 
     if name == "too-large":
         # A byte budget serves a request that never fits alone, idling the card for it: no ceiling.
         assert figures["vs_best_static"] >= 0.95, figures
-    elif name in ALLOCATED_LATE:
-        assert figures["vs_reader"] >= ALLOCATED_LATE[name][0], figures
     else:
         assert figures["vs_reader"] >= MIX_WITHOUT_COST.get(name, 0.95), figures
 
@@ -54,13 +52,12 @@ def test_at_most_the_readers_ooms_and_one_per_change_of_the_card(name: str, load
     by_policy = rows(name, load)
     figures = summary(list(by_policy.values()))
     mix = name in MIX_WITHOUT_COST or SCENARIOS[name].route is not None  # weights learnt from the readings
-    served = by_policy["adaptive"].goodput_per_s * DURATION_S
     if mix:
+        served = by_policy["adaptive"].goodput_per_s * DURATION_S
         assert figures["adaptive_ooms"] <= MIX_OOM_SHARE * served, figures
-    elif name in ALLOCATED_LATE:
-        assert figures["adaptive_ooms"] <= ALLOCATED_LATE[name][1] * served, figures
     else:
-        assert figures["adaptive_ooms"] <= figures["reader_ooms"] + changes(name), figures
+        allowed = figures["reader_ooms"] + changes(name) + LEARNING_OOMS.get(name, 0)
+        assert figures["adaptive_ooms"] <= allowed, figures
 
 
 @pytest.mark.parametrize(

@@ -581,9 +581,13 @@ class MemoryModel:
         """Whether `level` units in flight, one request of `units` among them asking for `nbytes`,
         overflow the room only because of that request's size: the others at the model's size and
         it at its own do not fit, the model's `level` would. Then the OOM says nothing of how many
-        of the model's requests fit (a large one from before the sizes shrank, still in the line)."""
+        of the model's requests fit (a large one from before the sizes shrank, still in the line).
+        A size within a mix's spread of the model's (`MIX_SPREAD`) explains nothing: it says the model
+        is short (readings that caught requests not yet allocated), and its level is barred as any
+        OOM's, not for the seconds a stray's is, after which five that did not fit were tried again
+        and again (0.76 of the reader where requests allocate up to half their work late)."""
         est = self.estimate()
-        if est is None:
+        if est is None or nbytes <= (1 + MIX_SPREAD) * units * est.per_request_bytes:
             return False
         room_bytes = self.target_utilisation * est.total_bytes - est.baseline_bytes
         return (level - units) * est.per_request_bytes + nbytes > room_bytes >= level * est.per_request_bytes
