@@ -33,7 +33,8 @@ def _commit() -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # Results an earlier benchmark of the same sweep wrote are no change to the code that ran
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
             cwd=root, capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
