@@ -58,8 +58,8 @@ def simulate(
     decodes its input on the CPU; its work starts then."""
     if crash_s < 0 or (clients is not None and clients < 1):
         raise ValueError(f"need crash_s >= 0 and clients None or >= 1, got {crash_s} and {clients}")
-    if not start_delay_s >= 0:  # NaN too
-        raise ValueError(f"need start_delay_s >= 0 seconds, got {start_delay_s}")
+    if not 0 <= start_delay_s < math.inf:  # NaN too; an endless delay would hold its slot for good
+        raise ValueError(f"need start_delay_s >= 0 seconds and finite, got {start_delay_s}")
     run = Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
     if gpu is not None:
         run.gpu = gpu

@@ -107,7 +107,7 @@ def test_requests_that_allocate_late_hold_nothing_until_they_do_and_crash_with_t
     crashing = [Phase(0.0, 0.0, 20 * GiB, 0.1)]  # never fits: each OOM takes the worker down
     result = run(crashing, 5, controller=Fixed(4), clients=8, start_delay_s=0.05, crash_s=1.0)
     assert result.crashed > 0 and result.completed == 0
-    for bad in (-0.1, float("nan")):
+    for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="start_delay_s"):
             run(phases, 1, start_delay_s=bad)
 
