@@ -17,7 +17,7 @@ from adaptive_gate import AdaptiveGate, Fixed
 from adaptive_gate.testing import SimulatedGPU
 from benchmarks.overload import Flow, Replay, capacity_per_s
 
-from .helpers import find_gate
+from .helpers import find_gate, frozen_heap
 
 MODES = ["lifo", "shed", "off"]
 GiB = 1 << 30
@@ -63,34 +63,35 @@ async def _closed_loop(app: Any, clients: int, requests: int, gate_seen: list[Ad
     stood: list[dict[str, Any]] = []
     done = anyio.Event()
     transport = httpx.ASGITransport(app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+    with frozen_heap():  # a measurement of the gate on the real clock, not of a full collection's stall
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
 
-        async def worker() -> None:
-            nonlocal sent
-            while sent < requests:
-                sent += 1
-                response = await client.post("/predict")
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            async def worker() -> None:
+                nonlocal sent
+                while sent < requests:
+                    sent += 1
+                    response = await client.post("/predict")
+                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
-        async def watch() -> None:
-            while not done.is_set():
-                await anyio.sleep(0.01)
-                if gate_seen:
-                    overload = gate_seen[0].status()["overload"]
-                    if overload["standing"]:
-                        stood.append(overload)
-                else:
-                    try:
-                        gate_seen.append(find_gate(app))
-                    except LookupError:
-                        pass  # not built before the first request
+            async def watch() -> None:
+                while not done.is_set():
+                    await anyio.sleep(0.01)
+                    if gate_seen:
+                        overload = gate_seen[0].status()["overload"]
+                        if overload["standing"]:
+                            stood.append(overload)
+                    else:
+                        try:
+                            gate_seen.append(find_gate(app))
+                        except LookupError:
+                            pass  # not built before the first request
 
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(watch)
-            async with anyio.create_task_group() as workers:
-                for _ in range(clients):
-                    workers.start_soon(worker)
-            done.set()
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(watch)
+                async with anyio.create_task_group() as workers:
+                    for _ in range(clients):
+                        workers.start_soon(worker)
+                done.set()
     assert stood == []
     return statuses
 
