@@ -90,13 +90,14 @@ async def test_two_gates_on_one_card_stay_within_it_together() -> None:
         assert gate.statistics().in_flight == 0 and gate.status()["memory"] is not None
     together = sum(limit for _, limit in results)
     settled_ooms = gpu.oom_count - ooms_learning
-    if not 3 <= together <= 5 or settled_ooms > 2:  # five fit; each sees the other's requests as a neighbour
+    if settled_ooms > 2:  # settled, OOMs should be rare, not a way of life
         # The limitation docs/benchmarks.md states ("Two gates on one card"): each gate reads the
         # other's requests as a neighbour's bytes, which come and go between readings, and their lulls
         # look like room, so that now and then both grow at once, and both then hold back for the
-        # OOMs that follow (the two limits' medians summed to 2 in about one run of twelve, and to 6
-        # in one of forty). The gates do not coordinate, and nothing here tells one gate's requests
-        # from the other's; until something does, this is an expected failure, not a feature left
-        # out: the rest of the test (both serve, nothing left in flight, few OOMs while learning)
-        # still asserts.
-        pytest.xfail(f"limits summed to {together} where five fit, {settled_ooms} OOMs in the 4 s after learning")
+        # OOMs that follow: the limits summed to 2 (in six runs of 60) or 6 (in one of 40) only in runs
+        # with more than 2 OOMs settled. The gates do not coordinate, and nothing here tells one gate's
+        # requests from the other's; until something does, this is an expected failure, not a feature
+        # left out: the rest of the test (both serve, nothing left in flight, few OOMs while learning)
+        # still asserts, and where the OOMs are few, so does the limits' sum.
+        pytest.xfail(f"{settled_ooms} OOMs in the 4 s after learning, where at most 2 were wanted (limits: {together})")
+    assert 3 <= together <= 5  # five fit; each sees the other's requests as a neighbour, so a little less
