@@ -63,29 +63,29 @@ async def _closed_loop(app: Any, clients: int, requests: int, gate_seen: list[Ad
     stood: list[dict[str, Any]] = []
     done = anyio.Event()
     transport = httpx.ASGITransport(app)
-    with frozen_heap():  # a measurement of the gate on the real clock, not of a full collection's stall
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
 
-            async def worker() -> None:
-                nonlocal sent
-                while sent < requests:
-                    sent += 1
-                    response = await client.post("/predict")
-                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        async def worker() -> None:
+            nonlocal sent
+            while sent < requests:
+                sent += 1
+                response = await client.post("/predict")
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
-            async def watch() -> None:
-                while not done.is_set():
-                    await anyio.sleep(0.01)
-                    if gate_seen:
-                        overload = gate_seen[0].status()["overload"]
-                        if overload["standing"]:
-                            stood.append(overload)
-                    else:
-                        try:
-                            gate_seen.append(find_gate(app))
-                        except LookupError:
-                            pass  # not built before the first request
+        async def watch() -> None:
+            while not done.is_set():
+                await anyio.sleep(0.01)
+                if gate_seen:
+                    overload = gate_seen[0].status()["overload"]
+                    if overload["standing"]:
+                        stood.append(overload)
+                else:
+                    try:
+                        gate_seen.append(find_gate(app))
+                    except LookupError:
+                        pass  # not built before the first request
 
+        with frozen_heap():  # a measurement of the gate on the real clock, not of a full collection's stall
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(watch)
                 async with anyio.create_task_group() as workers:
