@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_gate import AIMD, Fixed, MemorySample
+from adaptive_gate._control.memory_model import RELIEF_READINGS
 from adaptive_gate.control import Controller, MemoryModel
 
 GiB = 2**30
@@ -538,6 +539,28 @@ def test_soon_after_sizes_shrank_a_size_beyond_the_one_from_before_is_believed()
     c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=2)
     assert c.describe()["memory_model"]["per_request_bytes"] == 12 * GiB
     assert c.limit == 1
+
+
+def test_slots_caught_between_admission_and_allocation_are_no_shrink_but_a_shrink_still_is() -> None:
+    """Five 3 GiB requests at the fit; in real time, with 30 ms requests, a reading every second or so
+    catches one of the slots between a request's admission and its allocation, sometimes two readings
+    in a row. Taken for requests that shrank, each such pair brought the size down a step and the
+    limit up one: nine ran where five fit. Readings that show none at the old size for a while are a
+    shrink, and believed."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 4, 5, 5, 5))
+    successes(c, 5, now_s=now_s, latency_s=0.03)  # three readings to a request's time
+    assert c.limit == 5
+    for used_gib in [23, 23, 23, 20, 20] * 12:  # one of the five caught unallocated, two readings in a row
+        now_s += 0.01
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+        assert c.limit == 5
+    assert c.describe()["memory_model"]["per_request_bytes"] == 3 * GiB  # each pair took 5% off it
+    for _ in range(RELIEF_READINGS + 6):  # 2 GiB each, at every reading for two requests' times
+        now_s += 0.01
+        c.on_sample(now_s=now_s, sample=MemorySample(18 * GiB, TOTAL), in_flight=5)
+    assert c.describe()["memory_model"]["per_request_bytes"] < 3 * GiB and c.limit > 5
 
 
 def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefly() -> None:

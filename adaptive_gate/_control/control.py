@@ -226,6 +226,7 @@ class AIMD(_Bounds):
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         self._now_s = max(self._now_s, now_s)
         self.memory.mix_success()
+        self.memory.served(latency_s)
         if not demand or self._reads_memory() or self.memory.learning:
             return  # the model decides; or memory is read but not understood yet: no blind growth
         self._window_successes += 1

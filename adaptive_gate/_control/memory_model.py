@@ -39,6 +39,14 @@ class MemoryEstimate:
 
 # Readings in a row that must show room coming back before it is believed: two sample periods.
 RELIEF_READINGS = 2
+# Where readings show our requests hold less, a reading at the size believed within this many of a
+# request's service times before them (`SHRINK_READINGS` readings at most) says they caught slots
+# between a request's admission and its allocation (or its freeing and its release), not requests
+# that shrank: in real time, 30 ms requests read every 10 ms are caught so two readings in a row
+# every second or so. Readings further apart than that catch other requests each.
+SHRINK_SERVICES = 1.5
+SHRINK_READINGS = 8
+SERVICE_SHARE = 0.1  # how far one request's service time moves their mean
 MIN_MOVES = 8  # readings whose moves must be known before their median says how far a mix moves
 NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading may stray from the model
 WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
@@ -97,6 +105,9 @@ class MemoryModel:
         self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
         self.z = MIN_Z  # how many spreads above the mean the cap plans for, learned
         self._recent: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
+        # (time, in flight, used) of the last readings, and a request's mean service time (`served`)
+        self._lately: deque[tuple[float, float, float]] = deque(maxlen=SHRINK_READINGS + RELIEF_READINGS)
+        self._service_s: float | None = None
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
@@ -152,6 +163,7 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
+        self._lately.append((now_s, in_flight, float(used_bytes)))
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
@@ -305,6 +317,7 @@ class MemoryModel:
         of weights keeps the scale, so a slot holds about the bytes it held. The levels OOMs barred
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
+        self._lately.clear()
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
@@ -351,6 +364,12 @@ class MemoryModel:
             # Ours hold nothing at all: admitted and not started (an event loop that stalled), not
             # smaller. Nothing to learn about their sizes.
             self._baseline, self._anchored = floor, True
+        elif self._size_read_lately(floor):
+            # Slots between a request's admission and its allocation, or its freeing and its release,
+            # not requests that shrank: a reading just before showed them at their size. Taken for a
+            # shrink, each such pair brought the size down a step and the limit up one, until 1.5 GiB
+            # a request was believed where 3 are, and nine ran where five fit.
+            self._baseline, self._anchored = floor, True
         else:
             # Below what the card held with nothing of ours in flight, ever: the others did not shrink
             # past that (our own weights and context are in it), so our requests hold less. Two
@@ -376,6 +395,27 @@ class MemoryModel:
             share = (used - floor) / in_flight
             self._per_request += SHARE_SHRUNK * (share - self._per_request)
             self._add_share(share, in_flight)
+
+    def _size_read_lately(self, floor: float) -> bool:
+        """Whether a reading within `SHRINK_SERVICES` service times before the last `RELIEF_READINGS`
+        showed our requests (beside the others' `floor`) holding at least their mean less a spread each."""
+        if self._service_s is None or self._per_request is None:
+            return False  # none served yet: no time to look back over
+        least = self._per_request - math.sqrt(self._spread_sq)
+        lately = list(self._lately)
+        if len(lately) < RELIEF_READINGS:
+            return False
+        since_s = lately[-RELIEF_READINGS][0] - SHRINK_SERVICES * self._service_s
+        return any(t >= since_s and n > 0 and used - floor >= least * n for t, n, used in lately[:-RELIEF_READINGS])
+
+    def served(self, latency_s: float) -> None:
+        """A request finished `latency_s` after its admission: how long one holds its slot."""
+        if not 0 <= latency_s < math.inf:
+            return  # no time a request could take (NaN too)
+        if self._service_s is None:
+            self._service_s = latency_s
+        else:
+            self._service_s += SERVICE_SHARE * (latency_s - self._service_s)
 
     def _add_share(self, share: float, in_flight: float) -> None:
         """One reading of the mean bytes of `in_flight` requests: their mean moves up fast and down
