@@ -105,9 +105,8 @@ class MemoryModel:
         self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
         self.z = MIN_Z  # how many spreads above the mean the cap plans for, learned
         self._recent: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
-        # (time, in flight, used) of the last readings, and a request's mean service time (`served`)
-        self._lately: deque[tuple[float, float, float]] = deque(maxlen=SHRINK_READINGS + RELIEF_READINGS)
-        self._service_s: float | None = None
+        self._recent_s: deque[float] = deque(maxlen=WINDOW_READINGS)  # when each of `_recent` was read
+        self._service_s: float | None = None  # a request's mean service time (`served`)
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
@@ -163,7 +162,7 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
-        self._lately.append((now_s, in_flight, float(used_bytes)))
+        self._recent_s.append(now_s)  # `_learn` adds the reading to `_recent`
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
@@ -317,7 +316,7 @@ class MemoryModel:
         of weights keeps the scale, so a slot holds about the bytes it held. The levels OOMs barred
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
-        self._lately.clear()
+        self._recent_s.clear()
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
@@ -402,11 +401,11 @@ class MemoryModel:
         if self._service_s is None or self._per_request is None:
             return False  # none served yet: no time to look back over
         least = self._per_request - math.sqrt(self._spread_sq)
-        lately = list(self._lately)
+        lately = list(zip(self._recent_s, self._recent, strict=True))[-(SHRINK_READINGS + RELIEF_READINGS) :]
         if len(lately) < RELIEF_READINGS:
             return False
         since_s = lately[-RELIEF_READINGS][0] - SHRINK_SERVICES * self._service_s
-        return any(t >= since_s and n > 0 and used - floor >= least * n for t, n, used in lately[:-RELIEF_READINGS])
+        return any(t >= since_s and n > 0 and used - floor >= least * n for t, (n, used) in lately[:-RELIEF_READINGS])
 
     def served(self, latency_s: float) -> None:
         """A request finished `latency_s` after its admission: how long one holds its slot."""
