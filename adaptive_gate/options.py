@@ -109,7 +109,9 @@ class GateOptions:
     )
     reject_status: int = option(503, "`503` or `429`", "the status of a rejection")
     max_retry_after: int = option(60, "an int >= 1", "the cap of `Retry-After`, in seconds")
-    sample_period: float = option(0.1, "seconds > 0", "time between probe readings (taken off the event loop)")
+    sample_period: float = option(
+        0.1, "seconds > 0", "mean time between probe readings (taken off the event loop, each wait ±25% at random)"
+    )
     probe_timeout: float = option(1.0, "seconds > 0", "how long a probe reading may take before it counts as hung")
     status_path: str | None = option(
         "/gate/status", "a path, or `None`", "the status JSON; `None` turns it off (so for each path below)"

@@ -12,6 +12,7 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from adaptive_gate import AdaptiveGate, MemorySample
+from adaptive_gate._observe.sampler import JITTER_SHARE, Sampler
 
 from .helpers import find_gate, wait_until
 
@@ -265,8 +266,6 @@ async def test_probe_threads_end_with_their_runs() -> None:
 async def test_each_reading_comes_with_the_requests_in_flight_read_beside_it_on_the_probes_thread() -> None:
     """A loop busy for 30 ms admits and releases whole requests between a reading and its handling:
     the count that goes with a reading is taken on the probe's thread, just before and just after."""
-    from adaptive_gate._observe.sampler import Sampler
-
     events: list[tuple[str, int]] = []
 
     class Recording:
@@ -295,3 +294,30 @@ async def test_each_reading_comes_with_the_requests_in_flight_read_beside_it_on_
     assert [kind for kind, _ in events[:3]] == ["count", "sample", "count"]
     assert {ident for _, ident in events} == {events[1][1]} != {threading.get_ident()}
     assert handed[0] == (1, 3)  # the counts from either side of the first reading
+
+
+async def test_regular_readings_come_at_a_random_phase_and_a_backoff_waits_in_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Readings at a fixed period lock in phase with requests of that period and catch the same
+    moment of their turnover again and again (admitted, not allocated yet: requests that seem to
+    hold nothing). So each wait strays from the period at random, within `JITTER_SHARE`; after a
+    failure the wait is the backoff's, exactly."""
+    waits_s: list[float] = []
+    pause = Sampler._pause
+
+    async def recorded(self: Sampler[int], delay_s: float) -> None:
+        waits_s.append(delay_s)
+        await pause(self, delay_s)
+
+    monkeypatch.setattr(Sampler, "_pause", recorded)
+    probe = Probe("ok")
+    async with LifespanManager(app_with(probe)):
+        await wait_until(lambda: len(waits_s) >= 20)
+        probe.behaviour = "raise"
+        await wait_until(lambda: 0.08 in waits_s)
+    regular, backoff = waits_s[:20], waits_s[20:]
+    assert all((1 - JITTER_SHARE) * 0.01 <= wait_s <= (1 + JITTER_SHARE) * 0.01 for wait_s in regular), regular
+    assert max(regular) - min(regular) > 0.1 * 0.01, regular  # not one phase: 20 draws over a width of 0.5
+    first = backoff.index(0.02)  # the reading under way when the probe broke may have come back
+    assert backoff[first : first + 3] == [0.02, 0.04, 0.08], backoff  # doubled, not jittered

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,12 @@ from ..probes import Probe
 logger = logging.getLogger("adaptive_gate")
 
 MAX_BACKOFF_S = 5.0
+# How far each wait between readings strays from the period, either way, at random: readings at a
+# fixed period lock in phase with requests of about that period (24 clients of 50 ms requests, read
+# every 50 ms) and catch the same moment of their turnover reading after reading (requests admitted
+# and not yet allocated), which reads as requests that shrank. At a random phase each reading is a
+# fair sample of the card. The mean period stays `period_s`.
+JITTER_SHARE = 0.25
 # The first reading may need the driver's start-up (nvmlInit, a CUDA context): it gets longer.
 START_TIMEOUT_FACTOR = 5.0
 
@@ -140,8 +147,9 @@ class BackgroundLoop:
 
 
 class Sampler(BackgroundLoop, Generic[T]):
-    """Reads the probe every `period_s` on its own thread and hands each checked reading to
-    `on_sample`, with what `alongside()` said just before and just after it, read on the same thread.
+    """Reads the probe every `period_s` on average (`JITTER_SHARE`) on its own thread and hands each
+    checked reading to `on_sample`, with what `alongside()` said just before and just after it, read
+    on the same thread.
 
     `alongside` is the gate's requests in flight: a reading means something only beside the requests
     that held the card when it was taken. Read on the event loop once the reading arrives, they are
@@ -176,6 +184,7 @@ class Sampler(BackgroundLoop, Generic[T]):
         self._alongside = alongside
         self._on_sample = on_sample
         self._on_error = on_error
+        self._random = random.Random()
 
     async def fresh_reading(self, timeout_s: float) -> None:
         """Take a reading now and wait until it was tried (at most `timeout_s`). The gate's start-up
@@ -244,7 +253,8 @@ class Sampler(BackgroundLoop, Generic[T]):
                 delay_s = self._period_s if self._use(sample, before, after) else min(MAX_BACKOFF_S, delay_s * 2)
             self._readings_done = self._readings_started
             self._reading_tried()
-            await self._pause(delay_s)
+            jitter = self._random.uniform(1 - JITTER_SHARE, 1 + JITTER_SHARE)
+            await self._pause(delay_s * jitter if delay_s == self._period_s else delay_s)  # a backoff waits in full
 
     def _read(self, probe: Probe) -> tuple[MemorySample, T, T]:
         """On the probe's thread: the reading, bracketed by what `alongside()` says."""
