@@ -82,6 +82,17 @@ def no_slot_held_on_a_full_card() -> AIMD:
     return AIMD(memory=_NeverPressed())
 
 
+class _AnyPairShrinks(MemoryModel):
+    def _size_read_lately(self, floor: float) -> bool:
+        return False
+
+
+def any_pair_shrinks() -> AIMD:
+    """Two readings in a row that say our requests hold less are a shrink, whatever the readings just
+    before them showed (slots between a request's admission and its allocation read as smaller sizes)."""
+    return AIMD(memory=_AnyPairShrinks())
+
+
 class _WholeRequestMargin(OomStates):
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:  # type: ignore[override]
         level, room_then, _, until_s = state[:4]
@@ -133,6 +144,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no slot held after an OOM": _NoSlotHeldAfterOom,
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
+    "any pair a shrink": any_pair_shrinks,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
