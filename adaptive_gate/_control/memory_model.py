@@ -162,11 +162,10 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
-        self._recent_s.append(now_s)  # `_learn` adds the reading to `_recent`
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
-            self._learn(in_flight, float(used_bytes))
+            self._learn(now_s, in_flight, float(used_bytes))
             full = total_bytes - used_bytes < MIN_REQUEST_FRACTION * total_bytes
             self.pressed = full and self._rise is not None and self._rise is not rise_before
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
@@ -203,7 +202,7 @@ class MemoryModel:
         tolerance_bytes = HOLLOW_SHARE * mean + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
         return self._ours >= OWN_SHARE * mean * in_flight and abs(used - self._ours - others) <= tolerance_bytes
 
-    def _learn(self, in_flight: float, used: float) -> None:
+    def _learn(self, now_s: float, in_flight: float, used: float) -> None:
         self.busy_samples += in_flight > 0
         if in_flight <= 0 and self._per_request is not None:
             if any(abs(used - b) > 0.25 * self._per_request for b in (self._baseline, self._anchor) if b is not None):
@@ -213,6 +212,7 @@ class MemoryModel:
                 # came during a restart, fitted with the busy readings before it, halved a request).
                 self._changed()
         self._recent.append((in_flight, used))
+        self._recent_s.append(now_s)  # beside it, so that the two never go out of step
         self._since_shrink += 1
         self._since_sizes += 1
         if self._fit_recent():
