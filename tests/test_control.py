@@ -967,6 +967,30 @@ def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothi
     assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
 
 
+def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving() -> None:
+    """A neighbour takes 7 GiB, and three of our 3 GiB requests fill the card exactly. Two readings
+    in a row catch one of the three admitted and not allocated yet: by the count in flight the
+    others hold 12 GiB, as if the neighbour had shrunk, and four would fit (the fourth ran out of
+    memory in real time). The process's own count reads the others at 15 GiB at both: our requests
+    held less, the neighbour did not. When it does leave, the own count reads that at once."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    for _ in range(5):
+        now_s += 0.1
+        memory.add(now_s, 3, (8 + 7 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
+    assert memory.cap() == 3
+    for _ in range(2):
+        now_s += 0.1
+        memory.add(now_s, 3, (8 + 7 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.baseline_bytes == pytest.approx(15 * GiB, rel=0.01)
+    assert memory.cap() == 3
+    for _ in range(2):  # the neighbour left
+        now_s += 0.1
+        memory.add(now_s, 3, (8 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
+    assert memory.cap() == 5
+
+
 def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -> None:
     """Four 3.5 GiB requests beside 8 GiB of weights leave 2 GiB free; a neighbour takes them and
     the card reads full. Whatever the next request to finish frees may be the neighbour's too: the

@@ -114,7 +114,8 @@ class MemoryModel:
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
         self._hollow: list[tuple[float, float]] = []  # the hollow readings in a row since the last OOM
         # Lower baselines seen in the last readings: believed when RELIEF_READINGS in a row agree.
-        self._pending_relief: list[float] = []
+        # Each with the others' bytes as the process's own count read them (None: it did not tell).
+        self._pending_relief: list[tuple[float, float | None]] = []
         # The last reading's rise of the others' bytes, until the next confirms it: (the others'
         # bytes before it, whether they were anchored then, the share of one request it would be
         # as ours, the requests in flight, the readings since the card last changed before it,
@@ -293,7 +294,8 @@ class MemoryModel:
                 self._rise = (self._baseline, self._anchored, share, in_flight, self._since_shrink, jumped)
             self._baseline, self._anchored = moved_baseline, False
         elif moved_baseline < self._baseline - noise_bytes:
-            self._relieve(moved_baseline, used, in_flight)
+            read = used - self._ours if self._ours is not None and self._own_agrees else None
+            self._relieve(moved_baseline, used, in_flight, read)
         else:
             self._pending_relief.clear()
             if self._anchored:
@@ -335,19 +337,27 @@ class MemoryModel:
         self._shares.clear()
         self._shrunk = None
 
-    def _relieve(self, baseline: float, used: float, in_flight: float) -> None:
+    def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None = None) -> None:
         """The others hold less than believed, or our requests less (below 0, no others' bytes
         explain it): taken when `RELIEF_READINGS` readings in a row agree, at the most cautious of
         them. Fewer would mistake the moments between a request's admission and its allocation (or
         between its freeing and its release) for room: at 50 requests a second, two readings in a
         row catch such a moment every few seconds."""
         pending = self._pending_relief
-        pending.append(baseline)
+        pending.append((baseline, read))
         if len(pending) < RELIEF_READINGS:
             return
-        relieved = max(pending)
-        pending.clear()
+        relieved = max(b for b, _ in pending)
         floor = self._idle_floor or 0.0
+        reads = [r for _, r in pending if r is not None]
+        pending.clear()
+        if len(reads) == RELIEF_READINGS:
+            # The process's own count read the others' bytes directly at each: where they did not
+            # fall as far, ours hold less (slots not allocated yet, or smaller requests), whatever
+            # the count in flight says (a neighbour that filled the card exactly, read as gone at
+            # two readings that each caught a slot between admission and allocation, and the
+            # limit rose into it).
+            floor = max(floor, *reads)
         anchor = self._anchor
         if not self._anchored and anchor is not None and self._baseline is not None and anchor <= self._baseline:
             per_request = self._per_request or 0.0
