@@ -991,6 +991,42 @@ def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving(
     assert memory.cap() == 5
 
 
+def test_half_the_slots_not_allocated_beside_a_neighbour_do_not_bring_back_the_room_from_before() -> None:
+    """Beside a 4 GiB neighbour, four requests fit. Two readings in a row each catch two of the
+    four not allocated yet: by the count in flight the others hold 6 GiB, below what they held
+    before the neighbour came, which reads as the neighbour gone (and six fit). The own count reads
+    the others at 12 GiB at both: four still fit."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    for _ in range(5):
+        now_s += 0.1
+        memory.add(now_s, 4, (8 + 4 + 12) * GiB, TOTAL, own_bytes=(6 + 12) * GiB)
+    assert memory.cap() == 4
+    for _ in range(2):
+        now_s += 0.1
+        memory.add(now_s, 4, (8 + 4 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.baseline_bytes == pytest.approx(12 * GiB, rel=0.01)
+    assert memory.cap() == 4
+
+
+def test_an_idle_reading_of_tensors_not_yet_freed_is_corrected_by_the_count_in_flight() -> None:
+    """An idle reading catches a finished request's 3 GiB not yet freed, on the card and in the
+    process's own count alike: the others read 11 GiB, and the own count's rest takes the 3 GiB in.
+    The next readings, two requests in flight, read the others at 8 GiB by the count in flight
+    and at 11 by the own count, which agrees with the misread. A rest that rose at an idle reading
+    after requests had run is not believed over the count in flight, which brings the room back."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    memory.add(now_s + 0.1, 0, 11 * GiB, TOTAL, own_bytes=9 * GiB)
+    assert memory.cap() == 4
+    for step in range(2, 6):
+        memory.add(now_s + step / 10, 2, 14 * GiB, TOTAL, own_bytes=12 * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.baseline_bytes == pytest.approx(8 * GiB, rel=0.01)
+    assert memory.cap() == 5
+
+
 def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -> None:
     """Four 3.5 GiB requests beside 8 GiB of weights leave 2 GiB free; a neighbour takes them and
     the card reads full. Whatever the next request to finish frees may be the neighbour's too: the

@@ -139,6 +139,9 @@ class MemoryModel:
         # This process's live bytes with nothing of ours in flight (the last read), and what our
         # requests held by that count at the last reading (None where the probe does not tell).
         self._own_idle: int | None = None
+        # Whether that rest rose at the last idle reading after requests had run: a request's
+        # tensors not freed yet (weights a lifespan loads come before any request).
+        self._own_rest_rose = False
         self._ours: float | None = None
         self._own_agrees = False  # whether that count told our requests' bytes at the last busy reading
         self._oldest_s: float | None = None  # when the oldest request in flight arrived, at the last reading
@@ -187,6 +190,8 @@ class MemoryModel:
         if own_bytes is None:
             return
         if in_flight <= 0:
+            rose = self._own_idle is not None and own_bytes > self._own_idle
+            self._own_rest_rose = rose and self.busy_samples > 0
             self._own_idle = own_bytes
         elif self._own_idle is not None:
             self._ours = float(max(0, own_bytes - self._own_idle))
@@ -348,18 +353,19 @@ class MemoryModel:
         if len(pending) < RELIEF_READINGS:
             return
         relieved = max(b for b, _ in pending)
-        floor = self._idle_floor or 0.0
         reads = [r for _, r in pending if r is not None]
         pending.clear()
-        if len(reads) == RELIEF_READINGS:
-            # The process's own count read the others' bytes directly at each: where they did not
-            # fall as far, ours hold less (slots not allocated yet, or smaller requests), whatever
-            # the count in flight says (a neighbour that filled the card exactly, read as gone at
-            # two readings that each caught a slot between admission and allocation, and the
-            # limit rose into it).
-            floor = max(floor, *reads)
+        others_read = self._others_read(relieved, reads)
+        # Below what the card held idle, or the others as the own count read them: ours hold less
+        floor = max(self._idle_floor or 0.0, others_read or 0.0)
         anchor = self._anchor
-        if not self._anchored and anchor is not None and self._baseline is not None and anchor <= self._baseline:
+        if (
+            others_read is None
+            and not self._anchored
+            and anchor is not None
+            and self._baseline is not None
+            and anchor <= self._baseline
+        ):
             per_request = self._per_request or 0.0
             if relieved <= anchor and (relieved < floor or anchor - relieved < 0.5 * per_request):
                 # Back to the others' bytes last anchored: whatever rose has gone. Half a request or
@@ -404,6 +410,20 @@ class MemoryModel:
             share = (used - floor) / in_flight
             self._per_request += SHARE_SHRUNK * (share - self._per_request)
             self._add_share(share, in_flight)
+
+    def _others_read(self, relieved: float, reads: list[float]) -> float | None:
+        """The others' bytes as the process's own count read them at each reading of a fall (the
+        least of them), where it read them nearer where they were believed than where the count in
+        flight puts them (`relieved`): then our requests hold less (slots admitted and not allocated
+        yet, or smaller requests), not the others (a neighbour that filled the card exactly, read
+        as gone at two readings that each caught an unallocated slot, and the limit rose into it).
+        None where it did not read them at both, or its rest rose at the last idle reading (a
+        request's tensors not freed yet, read into the others' bytes and the rest alike)."""
+        baseline = self._baseline
+        if self._own_rest_rose or baseline is None or len(reads) < RELIEF_READINGS:
+            return None
+        least = min(reads)
+        return least if least > (baseline + relieved) / 2 else None
 
     def _size_read_lately(self, floor: float) -> bool:
         """Whether a reading within `SHRINK_SERVICES` service times before the last `RELIEF_READINGS`
