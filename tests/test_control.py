@@ -967,6 +967,18 @@ def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothi
     assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
 
 
+def _beside_a_neighbour(memory: MemoryModel, neighbour_gib: int, requests: int) -> float:
+    """`_steady_on_own_count`, then five readings with a neighbour of `neighbour_gib` beside the 8 GiB
+    of others and `requests` of ours that fill the card with it, the own count beside each. The
+    time of the last."""
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    for _ in range(5):
+        now_s += 0.1
+        memory.add(now_s, requests, (8 + neighbour_gib + 3 * requests) * GiB, TOTAL, own_bytes=(6 + 3 * requests) * GiB)
+    assert memory.cap() == requests
+    return now_s
+
+
 def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving() -> None:
     """A neighbour takes 7 GiB, and three of our 3 GiB requests fill the card exactly. Two readings
     in a row catch one of the three admitted and not allocated yet: by the count in flight the
@@ -974,11 +986,7 @@ def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving(
     memory in real time). The process's own count reads the others at 15 GiB at both: our requests
     held less, the neighbour did not. When it does leave, the own count reads that at once."""
     memory = MemoryModel()
-    now_s = _steady_on_own_count(memory, own_moves=True)
-    for _ in range(5):
-        now_s += 0.1
-        memory.add(now_s, 3, (8 + 7 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
-    assert memory.cap() == 3
+    now_s = _beside_a_neighbour(memory, 7, 3)
     for _ in range(2):
         now_s += 0.1
         memory.add(now_s, 3, (8 + 7 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
@@ -997,17 +1005,27 @@ def test_half_the_slots_not_allocated_beside_a_neighbour_do_not_bring_back_the_r
     before the neighbour came, which reads as the neighbour gone (and six fit). The own count reads
     the others at 12 GiB at both: four still fit."""
     memory = MemoryModel()
-    now_s = _steady_on_own_count(memory, own_moves=True)
-    for _ in range(5):
-        now_s += 0.1
-        memory.add(now_s, 4, (8 + 4 + 12) * GiB, TOTAL, own_bytes=(6 + 12) * GiB)
-    assert memory.cap() == 4
+    now_s = _beside_a_neighbour(memory, 4, 4)
     for _ in range(2):
         now_s += 0.1
         memory.add(now_s, 4, (8 + 4 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
     estimate = memory.estimate()
     assert estimate is not None and estimate.baseline_bytes == pytest.approx(12 * GiB, rel=0.01)
     assert memory.cap() == 4
+
+
+def test_a_neighbour_that_leaves_between_the_two_readings_of_a_fall_is_believed_gone() -> None:
+    """Beside a 4 GiB neighbour four requests fit. The first reading of a fall catches one of ours
+    not allocated yet (the own count reads the others still at 12 GiB); before the second, the
+    neighbour leaves (the own count reads them at 8). The least the own count read is where the
+    others are: the neighbour's room comes back, and no request is taken to have shrunk."""
+    memory = MemoryModel()
+    now_s = _beside_a_neighbour(memory, 4, 4)
+    memory.add(now_s + 0.1, 4, (8 + 4 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
+    memory.add(now_s + 0.2, 4, (8 + 12) * GiB, TOTAL, own_bytes=(6 + 12) * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
+    assert memory.cap() == 5
 
 
 def test_an_idle_reading_of_tensors_not_yet_freed_is_corrected_by_the_count_in_flight() -> None:
