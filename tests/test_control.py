@@ -979,6 +979,15 @@ def _beside_a_neighbour(memory: MemoryModel, neighbour_gib: int, requests: int) 
     return now_s
 
 
+def _read_twice(memory: MemoryModel, now_s: float, requests: int, used_gib: int, own_gib: int) -> float:
+    """Two readings 0.1 s apart of `used_gib` on the card, the own count at `own_gib`, with `requests`
+    in flight. The time of the last."""
+    for _ in range(2):
+        now_s += 0.1
+        memory.add(now_s, requests, used_gib * GiB, TOTAL, own_bytes=own_gib * GiB)
+    return now_s
+
+
 def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving() -> None:
     """A neighbour takes 7 GiB, and three of our 3 GiB requests fill the card exactly. Two readings
     in a row catch one of the three admitted and not allocated yet: by the count in flight the
@@ -986,16 +995,11 @@ def test_slots_not_allocated_yet_beside_a_neighbour_are_not_read_as_its_leaving(
     memory in real time). The process's own count reads the others at 15 GiB at both: our requests
     held less, the neighbour did not. When it does leave, the own count reads that at once."""
     memory = MemoryModel()
-    now_s = _beside_a_neighbour(memory, 7, 3)
-    for _ in range(2):
-        now_s += 0.1
-        memory.add(now_s, 3, (8 + 7 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
+    now_s = _read_twice(memory, _beside_a_neighbour(memory, 7, 3), 3, 8 + 7 + 6, 6 + 6)
     estimate = memory.estimate()
     assert estimate is not None and estimate.baseline_bytes == pytest.approx(15 * GiB, rel=0.01)
     assert memory.cap() == 3
-    for _ in range(2):  # the neighbour left
-        now_s += 0.1
-        memory.add(now_s, 3, (8 + 9) * GiB, TOTAL, own_bytes=(6 + 9) * GiB)
+    _read_twice(memory, now_s, 3, 8 + 9, 6 + 9)  # the neighbour left
     assert memory.cap() == 5
 
 
@@ -1005,10 +1009,7 @@ def test_half_the_slots_not_allocated_beside_a_neighbour_do_not_bring_back_the_r
     before the neighbour came, which reads as the neighbour gone (and six fit). The own count reads
     the others at 12 GiB at both: four still fit."""
     memory = MemoryModel()
-    now_s = _beside_a_neighbour(memory, 4, 4)
-    for _ in range(2):
-        now_s += 0.1
-        memory.add(now_s, 4, (8 + 4 + 6) * GiB, TOTAL, own_bytes=(6 + 6) * GiB)
+    _read_twice(memory, _beside_a_neighbour(memory, 4, 4), 4, 8 + 4 + 6, 6 + 6)
     estimate = memory.estimate()
     assert estimate is not None and estimate.baseline_bytes == pytest.approx(12 * GiB, rel=0.01)
     assert memory.cap() == 4

@@ -342,12 +342,13 @@ class MemoryModel:
         self._shares.clear()
         self._shrunk = None
 
-    def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None = None) -> None:
+    def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None) -> None:
         """The others hold less than believed, or our requests less (below 0, no others' bytes
         explain it): taken when `RELIEF_READINGS` readings in a row agree, at the most cautious of
         them. Fewer would mistake the moments between a request's admission and its allocation (or
         between its freeing and its release) for room: at 50 requests a second, two readings in a
-        row catch such a moment every few seconds."""
+        row catch such a moment every few seconds. `read`: the others' bytes as the process's own
+        count read them at this reading (None where it did not; `_others_read`)."""
         pending = self._pending_relief
         pending.append((baseline, read))
         if len(pending) < RELIEF_READINGS:
