@@ -359,21 +359,6 @@ class MemoryModel:
         others_read = self._others_read(relieved, reads)
         # Below what the card held idle, or the others as the own count read them: ours hold less
         floor = max(self._idle_floor or 0.0, others_read or 0.0)
-        anchor = self._anchor
-        if (
-            others_read is None
-            and not self._anchored
-            and anchor is not None
-            and self._baseline is not None
-            and anchor <= self._baseline
-        ):
-            per_request = self._per_request or 0.0
-            if relieved <= anchor and (relieved < floor or anchor - relieved < 0.5 * per_request):
-                # Back to the others' bytes last anchored: whatever rose has gone. Half a request or
-                # more below them, and above what the card held idle, the others hold less than then
-                # too (two neighbours, and both left): believed now, not after two more readings.
-                self._baseline, self._anchored = anchor, True
-                return
         if relieved >= floor:
             self._baseline, self._anchored = relieved, False
         elif used - floor < MIN_REQUEST_FRACTION * self._total_bytes:
