@@ -109,6 +109,17 @@ def whole_request_margin() -> AIMD:
     return controller
 
 
+class _MeanSize(MemoryModel):
+    def _share_quantile(self) -> None:
+        return None
+
+
+def mean_size() -> AIMD:
+    """A request of one size holds the mean of what the readings showed, not at least nine tenths of
+    them: readings that caught requests before their peak bring the size down."""
+    return AIMD(memory=_MeanSize())
+
+
 def unowned(controller: AIMD) -> AIMD:
     """`controller` reading the card as a probe that does not tell the process's own bytes does (NVML
     alone): the others' bytes are inferred from the count in flight alone."""
@@ -145,6 +156,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
     "any pair a shrink": any_pair_shrinks,
+    "mean size": mean_size,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room

@@ -1069,3 +1069,37 @@ def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -
         roomy.on_sample(now_s=step / 10, sample=MemorySample(int(15 * GiB), TOTAL), in_flight=2)
     roomy.on_sample(now_s=0.6, sample=MemorySample(17 * GiB, TOTAL), in_flight=2)  # a neighbour of 2 GiB
     assert roomy.limit == 4  # 14 GiB of room beside it: four fit, and nothing pressed for more
+
+
+def test_requests_that_allocate_late_are_sized_by_what_they_hold_at_their_peak() -> None:
+    """Requests of 3 GiB beside 8 GiB, with room for 5.9 of them: five fit. Some readings catch one
+    of the four or five in flight admitted and not allocated yet, and by the count in flight each
+    holds less (2.25 or 2.4 GiB): the mean of such readings sat below a request's peak (2.88 GiB),
+    and a sixth was let in. Where requests are of one size, one holds at least what the readings
+    showed it holding in all but a tenth of them."""
+    total = int(25.75 * GiB)
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    not_allocated = [0, 1, 0, 0, 1, 0, 0, 0, 1, 0]
+    for i in range(40):
+        n = 4 + i % 2
+        memory.add(0.1 * (i + 1), n, (8 + 3 * (n - not_allocated[i % len(not_allocated)])) * GiB, total)
+        assert memory.cap() == 5
+    estimate = memory.estimate()
+    assert estimate is not None and not memory.is_mix()
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
+
+
+def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
+    """A quarter of the requests hold 6 GiB, the rest 1.5: readings of four show 1.5 to 6 GiB each.
+    The mix is planned for by its mean and its tail, not as if every request were a large one."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    large = [0, 1, 0, 2, 1, 0, 1, 0]
+    for i in range(40):
+        n_large = large[i % len(large)]
+        memory.add(0.1 * (i + 1), 4, int((8 + 6 * n_large + 1.5 * (4 - n_large)) * GiB), TOTAL)
+    estimate = memory.estimate()
+    assert estimate is not None and memory.is_mix()
+    assert estimate.per_request_bytes < 2.5 * GiB  # the mean; readings of two large ones show 3.75 each
+    assert memory.cap() == 5

@@ -54,6 +54,13 @@ WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over 
 # sits a little above the middle (a third of the readings above it): readings below are as often
 # requests not yet allocated as small ones.
 SHARE_UP, SHARE_DOWN = 0.2, 0.1
+# Where requests are of one size, a request holds at least this quantile of what the readings since
+# the sizes last changed showed each holding (`MIN_QUANTILE_READINGS` of them at least): readings catch
+# requests before their peak (admitted and not allocated yet, early in their work), and the mean sat
+# below it. Requests that allocated up to half their work late were taken for 2.7 GiB where 3 are, a
+# sixth was let in, and in real time it ran out of memory two or three times in ten seconds.
+SIZE_QUANTILE = 0.9
+MIN_QUANTILE_READINGS = 4
 OWN_SHARE = 0.5  # the least of its requests' bytes the process's own count must show to be believed
 HOLLOW_SHARE = 0.25  # a reading whose requests hold less than this of the mean each teaches no size
 SHARE_SHRUNK = 0.25  # where two readings in a row say requests hold less than the others' bytes allow
@@ -85,6 +92,8 @@ class MemoryModel:
     * Otherwise a busy reading within the requests' usual spread of the model teaches their mean
       (up twice as fast as down: `SHARE_UP`, `SHARE_DOWN`) and spread (over the readings since
       their sizes last changed, `WINDOW_READINGS` at most), while the others' bytes are anchored.
+      Where they are of one size, a request holds at least what nine in ten of those readings showed
+      one holding (`SIZE_QUANTILE`): readings catch requests before their peak.
     * A rise beyond that spread is taken for the others' (a neighbour, a leak, a fatter input) and
       believed at once: the room shrinks before the next admission, not after an OOM; a fit over
       levels, or an idle reading, tells later whose bytes they were. A fall is believed once
@@ -110,6 +119,7 @@ class MemoryModel:
         self._baseline: float | None = None
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
+        self._quantile: float | None = None  # `SIZE_QUANTILE` of `_shares`, anew at each reading
         # (share of one request, in flight) of the busy readings within the spread since the change
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
         self._hollow: list[tuple[float, float]] = []  # the hollow readings in a row since the last OOM
@@ -176,6 +186,7 @@ class MemoryModel:
             if self._anchored:
                 self._anchor = self._baseline
         finally:
+            self._quantile = self._share_quantile()
             self.ooms.observe(now_s, self.room())
 
     def _read_own(self, in_flight: float, own_bytes: int | None) -> None:
@@ -327,7 +338,7 @@ class MemoryModel:
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
-        self._size_before = self._shrunk = None
+        self._size_before = self._shrunk = self._quantile = None
         self.ooms.forget()
 
     def _changed(self) -> None:
@@ -340,7 +351,7 @@ class MemoryModel:
         self._changed()
         self._since_sizes = 0
         self._shares.clear()
-        self._shrunk = None
+        self._shrunk = self._quantile = None
 
     def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None) -> None:
         """The others hold less than believed, or our requests less (below 0, no others' bytes
@@ -465,6 +476,13 @@ class MemoryModel:
         self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, self._per_request)
         self._fit_shares()
 
+    def _share_quantile(self) -> float | None:
+        """`SIZE_QUANTILE` of what the readings since the sizes last changed showed one request holding."""
+        if len(self._shares) < MIN_QUANTILE_READINGS:
+            return None
+        ranked = sorted(share for share, _ in self._shares)
+        return ranked[int(SIZE_QUANTILE * len(ranked))]
+
     def _fit_shares(self) -> None:
         """The spread of one request's bytes, from the readings above the mean: a mean of n
         requests strays by spread / sqrt(n) from theirs, so n * deviation^2 is one sample of one
@@ -524,6 +542,8 @@ class MemoryModel:
             return None
         floor = self._size_floor
         per_request = self._per_request if floor is None else max(self._per_request, floor[0])
+        if self._quantile is not None and math.sqrt(self._spread_sq) < MIX_SPREAD * self._per_request:
+            per_request = max(per_request, self._quantile)  # one size: readings before their peak are not it
         return MemoryEstimate(self._baseline, per_request, self._total_bytes, math.sqrt(self._spread_sq))
 
     def room(self) -> float | None:
