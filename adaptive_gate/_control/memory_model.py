@@ -542,9 +542,10 @@ class MemoryModel:
             return None
         floor = self._size_floor
         per_request = self._per_request if floor is None else max(self._per_request, floor[0])
-        if self._quantile is not None and math.sqrt(self._spread_sq) < MIX_SPREAD * self._per_request:
+        spread = math.sqrt(self._spread_sq)
+        if self._quantile is not None and spread < MIX_SPREAD * self._per_request:
             per_request = max(per_request, self._quantile)  # one size: readings before their peak are not it
-        return MemoryEstimate(self._baseline, per_request, self._total_bytes, math.sqrt(self._spread_sq))
+        return MemoryEstimate(self._baseline, per_request, self._total_bytes, spread)
 
     def room(self) -> float | None:
         """How many requests of the mean size the card has room for under target, as a fraction."""
