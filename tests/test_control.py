@@ -309,6 +309,38 @@ def test_the_ooms_of_one_pile_up_leave_what_fits_and_the_next_reading_reads_what
     assert c.limit == 3 and c.describe()["bound"] == "memory"
 
 
+def test_readings_that_counted_a_failing_request_in_flight_do_not_size_the_others() -> None:
+    """Three in flight, and one of them failed to allocate: the reading before its error came
+    counts three where two hold the card. Left in the line through the idle readings of the
+    worker's restart and the next busy ones, it put a request at 4.5 GiB where 5 are, and the OOM's
+    bar at room for 3.9 where 3.2 are. (In a run where three fitted by a hair, the room so misread
+    let three in again, and they ran out; that bar then held two for the 15 s after a neighbour
+    left, where three fit.)"""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = 0.0
+
+    def read(in_flight: int, used_gib: float) -> None:
+        nonlocal now_s
+        now_s += 0.1
+        c.on_sample(now_s=now_s, sample=MemorySample(int(used_gib * GiB), TOTAL), in_flight=in_flight)
+
+    for _ in range(10):
+        read(0, 8)
+    for n in (1, 2, 1, 2):
+        read(n, 8 + 5 * n)
+        c.on_success(now_s=now_s, latency_s=0.2, concurrency=n, demand=True)
+    read(3, 18)
+    c.on_oom(now_s=now_s + 0.04, epoch=c.epoch, in_flight=3)
+    for _ in range(10):
+        read(0, 8)
+    for _ in range(3):
+        read(2, 18)
+    est = c.memory.estimate()
+    assert est is not None and est.per_request_bytes == pytest.approx(5 * GiB, rel=0.01)
+    assert c.describe()["oom"]["room_then"] == pytest.approx(3.2, abs=0.01)
+
+
 def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_limit() -> None:
     """16 GiB of room and 3.5 GiB a slot: 4.57 slots, the limit 4. Requests that weigh fractions of a
     slot (route weights, `cost`) may fill the 4.57. Under an OOM's bar they fill up to under the slots

@@ -250,7 +250,7 @@ class AIMD(_Bounds):
         # What the hooks before it told of this OOM's request (never of a later one's)
         allocation, self._allocation = self._allocation, None
         if self._reads_memory():
-            self.memory.failed()
+            self.memory.failed(now_s)
             learned = allocation is not None and self.memory.learn_size(allocation[0], allocation[1], now_s)
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
             mix = self.memory.is_mix()

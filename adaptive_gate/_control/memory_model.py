@@ -577,9 +577,20 @@ class MemoryModel:
         barred = self.ooms.barred_from(now_s, room_bytes / est.per_request_bytes)
         return n if barred is None else min(n, barred - 1)
 
-    def failed(self) -> None:
-        """A request ran out of memory: requests that hold nothing may be those failing, not small."""
+    def failed(self, now_s: float) -> None:
+        """A request ran out of memory at `now_s`: requests that hold nothing may be those failing, not
+        small. The readings of the last service time counted it in flight while it held nothing (its
+        allocation failed, and the error came later): they go from the line, which they tilted (three
+        in flight read where two held the card put a request at 4.4 GiB where 5.4 are, and the limit
+        went to three where two fit)."""
         self._hollow.clear()
+        if self._service_s is None:
+            return
+        since_s = now_s - self._service_s
+        while self._recent_s and self._recent_s[-1] >= since_s:
+            self._recent_s.pop()
+            self._recent.pop()
+            self._since_shrink = max(0, self._since_shrink - 1)
 
     def mix_oom(self) -> None:
         """A pile-up of large requests that the spread explains (`explains`): plan for a heavier tail."""
