@@ -341,6 +341,36 @@ def test_readings_that_counted_a_failing_request_in_flight_do_not_size_the_other
     assert c.describe()["oom"]["room_then"] == pytest.approx(3.2, abs=0.01)
 
 
+def test_a_rise_the_own_count_reads_is_the_others_not_a_point_of_the_line() -> None:
+    """Nine requests of 1.9 GiB fill a 24 GiB card beside 6 GiB of weights, on a line through many
+    levels, and the process's own count agrees with it. A neighbour comes and takes the 0.95 GiB
+    left: under half a request, within what a point of the line may stray. By the own count our requests
+    hold what they did: the others rose, into a full card, and a slot is held back until the next
+    reading (absorbed into the line, the rise was missed, and three requests admitted into the room
+    the neighbour took next ran out of memory)."""
+    c = AIMD()
+    bound(c, initial=1)
+    weights, size = 6 * GiB, 1.9 * GiB
+    now_s = 0.0
+
+    def read(in_flight: int, extra: float = 0.0) -> None:
+        nonlocal now_s
+        now_s += 0.1
+        own = int(weights + size * in_flight)
+        c.on_sample(now_s=now_s, sample=MemorySample(int(own + extra), TOTAL, allocated_bytes=own), in_flight=in_flight)
+
+    read(0)
+    for n in [1, 2, 4] + [6, 8, 9, 7, 9, 8, 9, 9] * 5:
+        read(n)
+    est = c.memory.estimate()
+    assert est is not None and est.baseline_bytes == pytest.approx(weights, rel=0.001)
+    assert c.limit == 9
+    read(9, extra=TOTAL - weights - 9 * size)  # the neighbour took what was left
+    est = c.memory.estimate()
+    assert est is not None and est.baseline_bytes == pytest.approx(TOTAL - 9 * size, rel=0.001)
+    assert c.limit == 8 and c.describe()["bound"] == "memory"
+
+
 def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_limit() -> None:
     """16 GiB of room and 3.5 GiB a slot: 4.57 slots, the limit 4. Requests that weigh fractions of a
     slot (route weights, `cost`) may fill the 4.57. Under an OOM's bar they fill up to under the slots

@@ -216,8 +216,22 @@ class MemoryModel:
         mean, others = self._per_request, self._baseline
         if self._ours is None or mean is None or others is None:
             return self._own_agrees if in_flight <= 0 else False
-        tolerance_bytes = HOLLOW_SHARE * mean + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
-        return self._ours >= OWN_SHARE * mean * in_flight and abs(used - self._ours - others) <= tolerance_bytes
+        agrees = abs(used - self._ours - others) <= self._own_slack(in_flight)
+        return agrees and self._ours >= OWN_SHARE * mean * in_flight
+
+    def _own_slack(self, in_flight: float) -> float:
+        """How far the card less our requests' bytes by the process's own count may stray from the
+        others' bytes the model holds and still agree with it."""
+        assert self._per_request is not None
+        return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
+
+    def _own_count_rose(self, in_flight: float, used: float) -> bool:
+        """Whether the process's own count, believed (`_own_told`), says the others rose at this busy
+        reading."""
+        others = self._baseline
+        if in_flight <= 0 or self._ours is None or not self._own_agrees or others is None:
+            return False
+        return used - self._ours - others > self._own_slack(in_flight)
 
     def _learn(self, now_s: float, in_flight: float, used: float) -> None:
         self.busy_samples += in_flight > 0
@@ -232,7 +246,10 @@ class MemoryModel:
         self._recent_s.append(now_s)  # beside it, so that the two never go out of step
         self._since_shrink += 1
         self._since_sizes += 1
-        if self._fit_recent():
+        # A rise the own count reads is the others', not a point of the line: a neighbour that took
+        # less than half a request of a full card at its first reading was absorbed into the line,
+        # and the requests admitted into the room it took next ran out of memory.
+        if not self._own_count_rose(in_flight, used) and self._fit_recent():
             self._pending_relief.clear()
             self._rise, self._anchored = None, True
             self._shares.clear()
