@@ -113,8 +113,8 @@ class MemoryModel:
     def __init__(self, *, target_utilisation: float = 1.0) -> None:
         self.target_utilisation = check_fraction("target_utilisation", target_utilisation)
         self.z = MIN_Z  # how many spreads above the mean the cap plans for, learned
-        self._recent: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
-        self._recent_s: deque[float] = deque(maxlen=WINDOW_READINGS)  # when each of `_recent` was read
+        # (when, in flight, used) of the last readings: the line's, and what the shrink test looks back over
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=WINDOW_READINGS)
         self._service_s: float | None = None  # a request's mean service time (`served`)
         self._baseline: float | None = None
         self._per_request: float | None = None
@@ -242,14 +242,10 @@ class MemoryModel:
                 # line through readings from before and after would be no line (a neighbour that
                 # came during a restart, fitted with the busy readings before it, halved a request).
                 self._changed()
-        self._recent.append((in_flight, used))
-        self._recent_s.append(now_s)  # beside it, so that the two never go out of step
+        self._recent.append((now_s, in_flight, used))
         self._since_shrink += 1
         self._since_sizes += 1
-        # A rise the own count reads is the others', not a point of the line: a neighbour that took
-        # less than half a request of a full card at its first reading was absorbed into the line,
-        # and the requests admitted into the room it took next ran out of memory.
-        if not self._own_count_rose(in_flight, used) and self._fit_recent():
+        if self._fit_recent():
             self._pending_relief.clear()
             self._rise, self._anchored = None, True
             self._shares.clear()
@@ -351,7 +347,6 @@ class MemoryModel:
         of weights keeps the scale, so a slot holds about the bytes it held. The levels OOMs barred
         are forgotten: so many slots of the old weights were another load."""
         self._recent.clear()
-        self._recent_s.clear()
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
@@ -445,11 +440,11 @@ class MemoryModel:
         if self._service_s is None or self._per_request is None:
             return False  # none served yet: no time to look back over
         least = self._per_request - math.sqrt(self._spread_sq)
-        lately = list(zip(self._recent_s, self._recent, strict=True))[-(SHRINK_READINGS + RELIEF_READINGS) :]
+        lately = list(self._recent)[-(SHRINK_READINGS + RELIEF_READINGS) :]
         if len(lately) < RELIEF_READINGS:
             return False
         since_s = lately[-RELIEF_READINGS][0] - SHRINK_SERVICES * self._service_s
-        return any(t >= since_s and n > 0 and used - floor >= least * n for t, (n, used) in lately[:-RELIEF_READINGS])
+        return any(t >= since_s and n > 0 and used - floor >= least * n for t, n, used in lately[:-RELIEF_READINGS])
 
     def served(self, latency_s: float) -> None:
         """A request finished `latency_s` after its admission: how long one holds its slot."""
@@ -511,9 +506,13 @@ class MemoryModel:
         self._spread_sq = 2 * sum(above) / len(self._shares)  # the half above the mean, for both halves
 
     def _fit_recent(self) -> bool:
-        recent = list(self._recent)[-self._since_shrink :]  # a line across a change of the card is no line
+        # A line across a change of the card is no line: only the readings since, as (in flight, used).
+        recent = [(x, y) for _, x, y in list(self._recent)[-self._since_shrink :]]
         n = len(recent)
-        if n < 8:
+        if n < 8 or self._own_count_rose(*recent[-1]):
+            # A rise the own count reads at the newest is the others', not a point of the line: a
+            # neighbour that took under half a request of a full card at its first reading was
+            # absorbed into it, and the requests admitted into the room it took next ran out.
             return False
         mean_x = sum(x for x, _ in recent) / n
         mean_y = sum(y for _, y in recent) / n
@@ -604,8 +603,7 @@ class MemoryModel:
         if self._service_s is None:
             return
         since_s = now_s - self._service_s
-        while self._recent_s and self._recent_s[-1] >= since_s:
-            self._recent_s.pop()
+        while self._recent and self._recent[-1][0] >= since_s:
             self._recent.pop()
             self._since_shrink = max(0, self._since_shrink - 1)
 
