@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,20 @@ def test_the_core_and_the_controllers_read_no_clock() -> None:
                 if any(name.split(".")[0] in ("time", "datetime") for name in names):
                     readers.add(f"{folder}/{path.name}")
     assert readers == {"_gate/limiter.py"}
+
+
+def test_the_controller_is_told_in_40_lines_with_6_knobs_at_most() -> None:
+    """What a user must read to know why the limit is what it is stays short: the controller's page at
+    most 40 lines, and the default controller at most six knobs (its own and its memory model's)."""
+    from adaptive_gate.control import AIMD
+    from adaptive_gate.memory_model import MemoryModel
+
+    page = Path(__file__).parents[1] / "docs" / "explanation" / "controller.md"
+    assert len(page.read_text().splitlines()) <= 40
+    knobs = [
+        name
+        for cls in (AIMD, MemoryModel)
+        for name, parameter in inspect.signature(cls.__init__).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "memory"
+    ]
+    assert len(knobs) <= 6, knobs
