@@ -65,6 +65,24 @@ def test_routes_that_always_run_together_cannot_be_told_apart() -> None:
     assert weights.fits == 0 and weights.weight("/a") == weights.weight("/b") == 1.0
 
 
+def test_routes_of_a_gate_held_at_its_limit_are_told_apart_by_the_others_bytes() -> None:
+    """Two in flight at every reading, of two routes in any mix: the sum never varies, so the others'
+    bytes cannot be told from what every request holds alike, and no line fits. The others' bytes as
+    the memory model holds them stand in for them."""
+    sizes = {"/small": 2.2 * GiB, "/large": 17.6 * GiB}
+    rng = random.Random(5)
+    blind, told = RouteWeights(), RouteWeights()
+    for _ in range(60):
+        large = rng.choice([0, 1, 1, 2])
+        used = BASELINE + large * sizes["/large"] + (2 - large) * sizes["/small"]
+        units = {"/large": large * blind.weight("/large"), "/small": (2 - large) * blind.weight("/small")}
+        blind.observe(used, units)
+        units = {"/large": large * told.weight("/large"), "/small": (2 - large) * told.weight("/small")}
+        told.observe(used, units, others_bytes=BASELINE)
+    assert blind.fits == 0 and blind.weight("/large") == 1.0
+    assert told.fits > 0 and told.weight("/large") / told.weight("/small") == pytest.approx(8.0, rel=0.01)
+
+
 def test_a_neighbour_arriving_inside_the_window_is_no_evidence() -> None:
     weights = RouteWeights()
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
@@ -109,17 +127,23 @@ def test_a_bad_window_is_refused() -> None:
 
 
 events = st.lists(
-    st.tuples(st.floats(0, 2**50), st.dictionaries(st.sampled_from(["/a", "/b", "/c", 7]), st.floats(0, 64))),
+    st.tuples(
+        st.floats(0, 2**50),
+        st.dictionaries(st.sampled_from(["/a", "/b", "/c", 7]), st.floats(0, 64)),
+        st.none() | st.floats(0, 2**50),
+    ),
     max_size=200,
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(events)
-def test_any_readings_leave_weights_finite_and_in_range(sequence: list[tuple[float, dict[object, float]]]) -> None:
+def test_any_readings_leave_weights_finite_and_in_range(
+    sequence: list[tuple[float, dict[object, float], float | None]],
+) -> None:
     weights = RouteWeights(window=MIN_READINGS)
-    for used, units_by_route in sequence:
-        weights.observe(used, units_by_route)
+    for used, units_by_route, others_bytes in sequence:
+        weights.observe(used, units_by_route, others_bytes)
         for name in ("/a", "/b", "/c", 7):
             assert WEIGHT_RANGE[0] <= weights.weight(name) <= WEIGHT_RANGE[1]
 

@@ -45,7 +45,8 @@ class RouteWeights:
         self.by_route: dict[object, float] = {}  # learned weights; a route not here weighs 1
         self._columns: dict[object, int] = {}  # route -> its column in the readings
         self._shares = [0.0] * (OTHERS + 1)  # by column: requests in flight, decayed per reading
-        self._recent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        # (slots by column, used bytes, the others' bytes as the memory model held them, or None)
+        self._recent: deque[tuple[tuple[float, ...], float, float | None]] = deque(maxlen=window)
         self.fits = 0
 
     def weight(self, route: object) -> float:
@@ -80,17 +81,23 @@ class RouteWeights:
         weight = self.weight
         return sum(n * weight(route) for route, n in requests_by_route.items())
 
-    def reading(self, used_bytes: float, requests_by_route: dict[object, float]) -> bool:
+    def reading(
+        self, used_bytes: float, requests_by_route: dict[object, float], others_bytes: float | None = None
+    ) -> bool:
         """`observe`, with each route's requests in flight (`requests`) as many slots as they are
         worth now. Not the slots they took: a request weighed before the weights last changed (one
         that runs for longer than a fit takes) holds the old weight, and fitted as if it held the
         new one, it bent the next fit by their ratio (4 to 1 went to 5.7, 3.5, 7.6, 2.7 ...)."""
         weight = self.weight
-        return self.observe(used_bytes, {route: n * weight(route) for route, n in requests_by_route.items()})
+        units = {route: n * weight(route) for route, n in requests_by_route.items()}
+        return self.observe(used_bytes, units, others_bytes)
 
-    def observe(self, used_bytes: float, units_by_route: dict[object, float]) -> bool:
-        """A reading of the card's used bytes, beside the slots each route's requests held then.
-        True when the weights changed with it: what one slot means changed."""
+    def observe(
+        self, used_bytes: float, units_by_route: dict[object, float], others_bytes: float | None = None
+    ) -> bool:
+        """A reading of the card's used bytes, beside the slots each route's requests held then, and
+        the others' bytes (weights, neighbours) as the memory model holds them, where it does. True
+        when the weights changed with it: what one slot means changed."""
         shares = self._shares
         for column in range(len(shares)):
             shares[column] *= SHARE_DECAY
@@ -104,7 +111,7 @@ class RouteWeights:
         if len(self._columns) < 2:
             return False  # one route: nothing to tell apart
         if any(row):
-            self._recent.append((tuple(row), float(used_bytes)))
+            self._recent.append((tuple(row), float(used_bytes), others_bytes))
         return len(self._recent) >= MIN_READINGS and self._fit()
 
     def _column(self, route: object) -> int:
@@ -120,8 +127,9 @@ class RouteWeights:
     def _fit(self) -> bool:
         """Least squares `used = baseline + sum(bytes_r * slots_r)`; accepted only where every
         route's requests varied on their own and the line explains the readings (a neighbour's
-        arrival inside the window does not: wait until it has passed out)."""
-        rows = list(self._recent)
+        arrival inside the window does not: wait until it has passed out). Where the slots in flight
+        never varied in sum, the baseline is the others' bytes the memory model held at each reading."""
+        rows = [(row, used) for row, used, _ in self._recent]
         # Whether a route's requests varied, counted in requests, not slots: a route weighed at a 16th
         # of a slot never varied by slots, and a weight once wrong that far was never fitted again.
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
@@ -130,7 +138,17 @@ class RouteWeights:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns])
+        others = [o for _, _, o in self._recent if o is not None]
+        intercept = len(others) < len(rows) or _varies([sum(row) for row, _ in rows])
+        if not intercept:
+            # The slots in flight summed to one total at every reading (a gate held at its limit):
+            # the others' bytes cannot be told from what every route's requests hold alike, and the
+            # fit had no solution (a mix of 2.2 and 17.6 GiB requests on two routes, two in flight
+            # at all times, was never weighed and served 0.69 of the reader). The others' bytes as
+            # the memory model holds them stand in for the intercept.
+            design = [[0.0, *x[1:]] for x in design]
+            used = [y - o for y, o in zip(used, others, strict=True)]
+        solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns], intercept=intercept)
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
@@ -162,15 +180,20 @@ class RouteWeights:
         return True
 
 
-def _trimmed_fit(design: list[list[float]], used: list[float], weights: list[float]) -> list[float] | None:
+def _trimmed_fit(
+    design: list[list[float]], used: list[float], weights: list[float], *, intercept: bool = True
+) -> list[float] | None:
     """The least-squares solution, where it explains the readings: each route's bytes positive, and
     the readings within a quarter of the lightest route's bytes of it, in the mean. Where they are
     not, once more without the quarter of the readings that stray most: readings of requests that
     ran out of memory, or were admitted and had not allocated yet, hold less than their slots say,
     and a mix that runs out now and then (the very mix weights would stop) never had a clean window.
-    `weights`: each route column's weight, by which its slots are requests."""
+    `weights`: each route column's weight, by which its slots are requests. Without `intercept`, the
+    design's first column is zeros and the solution's first term 0: the others' bytes were taken out."""
     for attempt in range(2):
-        solution = _least_squares(design, used)
+        solution = _least_squares(design if intercept else [x[1:] for x in design], used)
+        if solution is not None and not intercept:
+            solution = [0.0, *solution]
         if solution is None or min(solution[1:]) <= 0:
             return None
         errors = [(y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]

@@ -376,7 +376,9 @@ class GateCore(CoreSnapshot):
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
             then = InFlight(self.limiter.in_flight, self.requests_by_route)
-        if self.route_weights is not None and self.route_weights.reading(sample.used_bytes, then.by_route):
+        if self.route_weights is not None and self.route_weights.reading(
+            sample.used_bytes, then.by_route, self._others_bytes()
+        ):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
@@ -393,6 +395,12 @@ class GateCore(CoreSnapshot):
         self._apply_limit(now_s)
         if self._heavier_before is not None and len(self.requests_by_route) <= 1:
             self._reweigh_line(now_s, self._heavier_before())
+
+    def _others_bytes(self) -> float | None:
+        """The others' bytes (weights, neighbours) as the controller's memory model holds them, or None."""
+        estimate = getattr(getattr(self.controller, "memory", None), "estimate", None)
+        held = None if estimate is None else estimate()
+        return None if held is None else held.baseline_bytes
 
     def _reweigh_line(self, now_s: float, heavier: tuple[float, float] | None) -> None:
         """The requests' sizes shrank (the readings say so) while the line held requests from before:
