@@ -83,6 +83,34 @@ def test_routes_of_a_gate_held_at_its_limit_are_told_apart_by_the_others_bytes()
     assert told.fits > 0 and told.weight("/large") / told.weight("/small") == pytest.approx(8.0, rel=0.01)
 
 
+def test_requests_that_ran_out_of_memory_are_taken_out_of_the_readings_that_counted_them() -> None:
+    """A large request whose allocation failed holds nothing, and counts in flight until its error is
+    told two readings later. Counted, such readings say the large route holds little, and no fit
+    explains them; taken out when the error comes, the routes are told apart (only the newest
+    readings, whose failures are not told yet, stray, and the fit's tolerance, a quarter of the
+    lightest route's bytes per request, keeps them from bending it)."""
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
+    rng = random.Random(4)
+    blind, told = RouteWeights(), RouteWeights()
+    doomed: list[tuple[float, int]] = []  # (admitted at, told at reading)
+    for i in range(100):
+        now_s = i * 0.1
+        held = {route: rng.randint(0, 3) for route in sizes}
+        if rng.random() < 0.3:
+            doomed.append((now_s - 0.05, i + 2))
+        used = BASELINE + sum(sizes[route] * n for route, n in held.items())
+        counted = held | {"/large": held["/large"] + len(doomed)}
+        for weights in (blind, told):
+            weights.observe(used, {route: n * weights.weight(route) for route, n in counted.items()}, now_s=now_s)
+        for admitted_s, _ in [d for d in doomed if d[1] == i]:
+            told.failed("/large", 1, admitted_s)
+        doomed = [d for d in doomed if d[1] != i]
+    assert blind.fits == 0 and blind.weight("/large") == 1.0
+    assert told.fits > 0 and told.weight("/large") / told.weight("/small") == pytest.approx(4.0, rel=0.01)
+    told.failed("/never-seen", 1, 0.0)  # a route with no column: nothing to take out
+    assert told.weight("/large") / told.weight("/small") == pytest.approx(4.0, rel=0.01)
+
+
 def test_a_neighbour_arriving_inside_the_window_is_no_evidence() -> None:
     weights = RouteWeights()
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
@@ -358,3 +386,52 @@ def test_a_budget_goes_no_further_than_an_operators_bound() -> None:
     assert core.limiter.limit == 4 and core.limiter.budget == 4
     core.set_operator(None, 0.0)
     assert core.limiter.budget == 4.7
+
+
+def test_the_core_tells_routes_apart_at_its_limit() -> None:
+    """Through the core: two requests in flight at every reading, of either route (a gate held at its
+    limit). The sum never varies, and the others' bytes the memory model read idle tell the routes
+    apart; every slot comes back."""
+    now = [0.0]
+    core = core_with(AIMD(), now)
+    weights = core.route_weights
+    assert weights is not None
+    sizes = {"/light": 2 * GiB, "/heavy": 16 * GiB}
+    core.sample(MemorySample(10 * GiB, 48 * GiB), now[0])  # idle: the others' bytes
+    rng = random.Random(2)
+    running: list[tuple[str, Ticket]] = []
+    for _ in range(100):
+        now[0] += 0.1
+        for _, ticket in running:
+            core.release(ticket, now[0], Outcome.COMPLETED)
+        running = []
+        if weights.fits:
+            break  # told apart: two large ones now take more than the two slots of before
+        for _ in range(2):
+            route = rng.choice(list(sizes))
+            units = core.weigh(route, 1)
+            assert core.arrive(30.0, units=units, route=route, now_s=now[0]) is ADMITTED
+            running.append((route, core.admitted(now[0], 0.0, units, route)))
+        now[0] += 0.05
+        core.sample(MemorySample(10 * GiB + sum(sizes[route] for route, _ in running), 48 * GiB), now[0])
+    assert core.weigh("/heavy", 1) / core.weigh("/light", 1) == pytest.approx(8, rel=0.05)  # slots in 64ths
+    assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
+
+
+def test_the_core_takes_a_request_that_ran_out_of_memory_out_of_the_route_readings() -> None:
+    now = [0.0]
+    core = core_with(AIMD(), now)
+    weights = core.route_weights
+    assert weights is not None
+    tickets = {}
+    for route in ("/light", "/heavy"):
+        assert core.arrive(30.0, route=route, now_s=now[0]) is ADMITTED
+        tickets[route] = core.admitted(now[0], 0.0, 1, route)
+    now[0] += 0.1
+    core.sample(MemorySample(12 * GiB, 48 * GiB), now[0])  # the heavy one holds nothing: it failed
+    core.oom(tickets["/heavy"], now[0])
+    core.release(tickets["/heavy"], now[0], Outcome.OOM)
+    _, row, _, _ = weights._recent[-1]  # the reading, as the fit will read it
+    assert sorted(row)[-2:] == [0.0, 1.0], "the light one stays, the heavy one is taken out"
+    core.release(tickets["/light"], now[0], Outcome.COMPLETED)
+    assert core.statistics(now[0]).in_flight == 0

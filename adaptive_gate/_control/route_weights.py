@@ -45,8 +45,8 @@ class RouteWeights:
         self.by_route: dict[object, float] = {}  # learned weights; a route not here weighs 1
         self._columns: dict[object, int] = {}  # route -> its column in the readings
         self._shares = [0.0] * (OTHERS + 1)  # by column: requests in flight, decayed per reading
-        # (slots by column, used bytes, the others' bytes as the memory model held them, or None)
-        self._recent: deque[tuple[tuple[float, ...], float, float | None]] = deque(maxlen=window)
+        # (when, slots by column, used bytes, the others' bytes as the memory model held them or None)
+        self._recent: deque[tuple[float, list[float], float, float | None]] = deque(maxlen=window)
         self.fits = 0
 
     def weight(self, route: object) -> float:
@@ -82,7 +82,11 @@ class RouteWeights:
         return sum(n * weight(route) for route, n in requests_by_route.items())
 
     def reading(
-        self, used_bytes: float, requests_by_route: dict[object, float], others_bytes: float | None = None
+        self,
+        used_bytes: float,
+        requests_by_route: dict[object, float],
+        others_bytes: float | None = None,
+        now_s: float = -math.inf,
     ) -> bool:
         """`observe`, with each route's requests in flight (`requests`) as many slots as they are
         worth now. Not the slots they took: a request weighed before the weights last changed (one
@@ -90,14 +94,18 @@ class RouteWeights:
         new one, it bent the next fit by their ratio (4 to 1 went to 5.7, 3.5, 7.6, 2.7 ...)."""
         weight = self.weight
         units = {route: n * weight(route) for route, n in requests_by_route.items()}
-        return self.observe(used_bytes, units, others_bytes)
+        return self.observe(used_bytes, units, others_bytes, now_s)
 
     def observe(
-        self, used_bytes: float, units_by_route: dict[object, float], others_bytes: float | None = None
+        self,
+        used_bytes: float,
+        units_by_route: dict[object, float],
+        others_bytes: float | None = None,
+        now_s: float = -math.inf,
     ) -> bool:
-        """A reading of the card's used bytes, beside the slots each route's requests held then, and
-        the others' bytes (weights, neighbours) as the memory model holds them, where it does. True
-        when the weights changed with it: what one slot means changed."""
+        """A reading of the card's used bytes at `now_s`, beside the slots each route's requests held
+        then, and the others' bytes (weights, neighbours) as the memory model holds them, where it
+        does. True when the weights changed with it: what one slot means changed."""
         shares = self._shares
         for column in range(len(shares)):
             shares[column] *= SHARE_DECAY
@@ -111,8 +119,21 @@ class RouteWeights:
         if len(self._columns) < 2:
             return False  # one route: nothing to tell apart
         if any(row):
-            self._recent.append((tuple(row), float(used_bytes), others_bytes))
+            self._recent.append((now_s, row, float(used_bytes), others_bytes))
         return len(self._recent) >= MIN_READINGS and self._fit()
+
+    def failed(self, route: object, requests: float, admitted_s: float) -> None:
+        """A request of `route` (`requests` before its weight) admitted at `admitted_s` ran out of
+        memory: the readings since counted it in flight where its allocation had failed and it held
+        nothing, and it is taken out of them. Counted, the large ones of a mix that met and failed
+        read as a large route that holds little, and no fit explained the readings for 17 s."""
+        column = self._columns.get(route, OTHERS if len(self._columns) >= MAX_ROUTES else None)
+        if column is None:
+            return
+        slots = requests * self.weight(route)
+        for when_s, row, _, _ in self._recent:
+            if when_s > admitted_s:
+                row[column] = max(0.0, row[column] - slots)
 
     def _column(self, route: object) -> int:
         column = self._columns.get(route)
@@ -129,7 +150,7 @@ class RouteWeights:
         route's requests varied on their own and the line explains the readings (a neighbour's
         arrival inside the window does not: wait until it has passed out). Where the slots in flight
         never varied in sum, the baseline is the others' bytes the memory model held at each reading."""
-        rows = [(row, used) for row, used, _ in self._recent]
+        rows = [(row, used) for _, row, used, _ in self._recent]
         # Whether a route's requests varied, counted in requests, not slots: a route weighed at a 16th
         # of a slot never varied by slots, and a weight once wrong that far was never fitted again.
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
@@ -138,7 +159,7 @@ class RouteWeights:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        others = [o for _, _, o in self._recent if o is not None]
+        others = [o for _, _, _, o in self._recent if o is not None]
         intercept = len(others) < len(rows) or _varies([sum(row) for row, _ in rows])
         if not intercept:
             # The slots in flight summed to one total at every reading (a gate held at its limit):
@@ -197,7 +218,9 @@ def _trimmed_fit(
         if solution is None or min(solution[1:]) <= 0:
             return None
         errors = [(y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]
-        tolerance_sq = (0.25 * min(solution[1:])) ** 2
+        # A quarter of the lightest route's bytes per request, not per slot: a slot of a light route is a
+        # share of a request, and a quarter of its bytes let a reading strayed by a large request through.
+        tolerance_sq = (0.25 * min(b * w for b, w in zip(solution[1:], weights, strict=True))) ** 2
         if sum(errors) / len(errors) <= tolerance_sq:
             return solution
         if attempt == 0:

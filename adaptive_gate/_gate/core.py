@@ -297,6 +297,8 @@ class GateCore(CoreSnapshot):
             too_large = allocation_failed(tried_bytes, ticket.units)
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()
+        if self.route_weights is not None and not ticket.released:  # released, the readings since did not count it
+            self.route_weights.failed(ticket.route, ticket.requests, ticket.admitted_s)
         if too_large:  # cutting would only starve the others; its route's next ones may be answered at the door
             self.too_large_routes.failed(ticket.route, now_s)
         else:
@@ -377,7 +379,7 @@ class GateCore(CoreSnapshot):
         if then is None:
             then = InFlight(self.limiter.in_flight, self.requests_by_route)
         if self.route_weights is not None and self.route_weights.reading(
-            sample.used_bytes, then.by_route, self._others_bytes()
+            sample.used_bytes, then.by_route, self._others_bytes(), now_s
         ):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
