@@ -288,6 +288,39 @@ def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     assert core.statistics(0.2).in_flight == 0
 
 
+def test_an_oom_beside_a_request_weighed_before_the_weights_changed_is_weaker_evidence_after_it_left() -> None:
+    """A heavy request waited in the line while the heavy route's weight went from 1 to 2, and took 1
+    slot where it is worth 2. A light one admitted beside it runs out of memory after it has left:
+    the level in flight at the OOM is what runs now, not what ran out, and the OOM is weaker
+    evidence (kept seconds, not minutes). Barred as any OOM, it held a mix of routes a quarter of a
+    slot below the room for the rest of a minute."""
+    now = [0.0]
+    controller = AIMD()
+    told: list[str] = []
+    weak = controller.on_swallowed_oom
+    controller.on_oom = lambda **_: told.append("placed")  # type: ignore[method-assign]
+    controller.on_swallowed_oom = lambda **kw: (told.append("weak"), weak(**kw))[-1]  # type: ignore[method-assign]
+    core = core_with(controller, now)
+    assert core.route_weights is not None
+    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
+    stale = core.admitted(0.0, 1.0, 1, "/heavy", requests=1)  # weighed 1 as it joined, before the change
+    assert core.arrive(30.0, units=0.5, route="/light", now_s=0.1) is ADMITTED
+    light = core.admitted(0.1, 0.0, 0.5, "/light", requests=1)
+    core.release(stale, 0.2, Outcome.COMPLETED)
+    core.oom(light, 0.3)
+    core.release(light, 0.3, Outcome.OOM)
+    fresh = []  # nothing stale ran beside these
+    for _ in range(2):
+        assert core.arrive(30.0, units=0.5, route="/light", now_s=0.4) is ADMITTED
+        fresh.append(core.admitted(0.4, 0.0, 0.5, "/light", requests=1))
+    core.oom(fresh[0], 0.5)
+    for ticket in fresh:
+        core.release(ticket, 0.5, Outcome.OOM if ticket is fresh[0] else Outcome.COMPLETED)
+    assert told == ["weak", "placed"]
+    assert core.statistics(0.5).in_flight == 0
+
+
 def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitted_after() -> None:
     """It took the slots of its arrival (1, at a weight of 1); admitted after its route's weight
     became 2, it is still one request, and the readings count it as the 2 slots it is worth now. As

@@ -15,6 +15,7 @@ serves, and a test can feed both one sequence of events and compare what they di
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -109,6 +110,10 @@ class GateCore(CoreSnapshot):
         # Where the requests' sizes shrank: when, and how many slots a request that joined the line
         # before then may hold (`heavier_before`, optional in the protocol, asked after each reading).
         self._heavier_in_flight = 0.0  # of the slots in flight, what requests weigh beyond their own (`granted`)
+        # The serials of the requests in flight weighed before the route weights last changed (they
+        # hold the slots of then), and when the last such one left
+        self._stale: set[int] = set()
+        self._stale_left_s = -math.inf
         self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
             controller, "heavier_before", None
         )
@@ -234,6 +239,8 @@ class GateCore(CoreSnapshot):
         else:  # only a controller that learns memory weighs routes, from these
             if requests is None:
                 requests = weights.requests(route, units)
+            elif abs(requests * weights.weight(route) + heavier - units) > 0.01 * units:
+                self._stale.add(counters.admitted)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
@@ -253,6 +260,9 @@ class GateCore(CoreSnapshot):
         busy_area = limiter.release(ticket.units, now_s=now_s)
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
+            if self._stale and ticket.serial in self._stale:
+                self._stale.remove(ticket.serial)
+                self._stale_left_s = now_s
         if self._arrived_s is not None:
             self._arrived_s.pop(ticket.serial, None)
         self._heavier_in_flight -= ticket.heavier
@@ -316,6 +326,9 @@ class GateCore(CoreSnapshot):
                 # and weaker evidence (as an OOM the app caught), for what ran when it allocated is not
                 # what runs now.
                 level *= worth_now / limiter.in_flight
+                told = getattr(self.controller, "on_swallowed_oom", told)
+            elif self._stale_left_s >= ticket.admitted_s:
+                # One such ran beside this one, and has left: the level of now is not what ran out.
                 told = getattr(self.controller, "on_swallowed_oom", told)
             told(now_s=now_s, epoch=ticket.epoch, in_flight=level)
             after_oom = getattr(self.controller, "after_oom", None)  # optional in the protocol
