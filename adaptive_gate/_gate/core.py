@@ -239,7 +239,7 @@ class GateCore(CoreSnapshot):
         else:  # only a controller that learns memory weighs routes, from these
             if requests is None:
                 requests = weights.requests(route, units)
-            elif abs(requests * weights.weight(route) + heavier - units) > 0.01 * units:
+            elif units - heavier != self.weigh(route, requests):  # weighed before the weights changed
                 self._stale.add(counters.admitted)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
