@@ -303,6 +303,7 @@ def test_an_oom_beside_a_request_weighed_before_the_weights_changed_is_weaker_ev
     core = core_with(controller, now)
     assert core.route_weights is not None
     core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    core.route_weights.changed_s = -0.5  # as a reading would have at the change
     assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
     stale = core.admitted(0.0, 1.0, 1, "/heavy", requests=1)  # weighed 1 as it joined, before the change
     assert core.arrive(30.0, units=0.5, route="/light", now_s=0.1) is ADMITTED

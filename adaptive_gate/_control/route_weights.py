@@ -48,6 +48,7 @@ class RouteWeights:
         # (when, slots by column, used bytes, the others' bytes as the memory model held them or None)
         self._recent: deque[tuple[float, list[float], float, float | None]] = deque(maxlen=window)
         self.fits = 0
+        self.changed_s = -math.inf  # when the weights last changed (the time the readings carried)
 
     def weight(self, route: object) -> float:
         """What one unit of `route`'s cost weighs in slots: 1 until readings tell routes apart."""
@@ -120,7 +121,10 @@ class RouteWeights:
             return False  # one route: nothing to tell apart
         if any(row):
             self._recent.append((now_s, row, float(used_bytes), others_bytes))
-        return len(self._recent) >= MIN_READINGS and self._fit()
+        changed = len(self._recent) >= MIN_READINGS and self._fit()
+        if changed:
+            self.changed_s = now_s
+        return changed
 
     def failed(self, route: object, requests: float, admitted_s: float) -> None:
         """A request of `route` (`requests` before its weight) admitted at `admitted_s` ran out of

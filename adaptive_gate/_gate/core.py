@@ -239,8 +239,8 @@ class GateCore(CoreSnapshot):
         else:  # only a controller that learns memory weighs routes, from these
             if requests is None:
                 requests = weights.requests(route, units)
-            elif units - heavier != self.weigh(route, requests):  # weighed before the weights changed
-                self._stale.add(counters.admitted)
+            elif arrived_s <= weights.changed_s and units - heavier != self.weigh(route, requests):
+                self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
