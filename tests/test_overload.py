@@ -76,6 +76,25 @@ def test_expected_wait_and_work_past_the_deadline_is_turned_away_at_once() -> No
     assert isinstance(core.arrive(6.0, route="r", now_s=now[0]), Waiter)
 
 
+def test_the_expected_wait_counts_the_slots_each_request_takes() -> None:
+    """Requests that weigh all four slots (`cost`) go in one at a time, not four: behind one running
+    and two waiting, a request has about 3 s of wait and 1 of work ahead, not 0.75 and 1, and one
+    with 3 s left is turned away at once, where it would wait out its deadline in the line."""
+    now = [0.0]
+    core = core_at(now, limit=4, overload="off")
+    for _ in range(60):  # the service time settles, and what a request weighs with it
+        assert core.arrive(30.0, units=4, route="r", now_s=now[0]) is ADMITTED
+        ticket = core.admitted(now[0], 0.0, units=4, route="r")
+        now[0] += SERVICE_S
+        core.release(ticket, now[0], Outcome.COMPLETED)
+    assert core.arrive(30.0, units=4, route="r", now_s=now[0]) is ADMITTED
+    core.admitted(now[0], 0.0, units=4, route="r")
+    queued = [core.arrive(30.0, units=4, route="r", now_s=now[0]) for _ in range(2)]
+    assert all(isinstance(w, Waiter) for w in queued)
+    assert core.arrive(3.0, units=4, route="r", now_s=now[0]) == "deadline"
+    assert isinstance(core.arrive(5.0, units=4, route="r", now_s=now[0]), Waiter)
+
+
 def test_a_waiter_that_can_no_longer_finish_gives_its_turn_on() -> None:
     now = [0.0]
     core = core_at(now, overload="off")

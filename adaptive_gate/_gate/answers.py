@@ -33,6 +33,7 @@ class CoreAnswers:
     min_limit: int
     max_limit: int
     _random: random.Random
+    units_per_request: float
 
     def bounds(self) -> tuple[int, int]:
         """The bounds in force: the operator's where set, else the configured ones."""
@@ -41,11 +42,14 @@ class CoreAnswers:
         return self.operator.min_limit, self.operator.max_limit
 
     def expected_wait_s(self, ahead: int) -> float | None:
-        """How long one more request behind `ahead` others would wait, from recent service times."""
+        """How long one more request behind `ahead` others would wait, from recent service times and
+        the slots a request takes: where requests weigh four slots on average (`cost`), a slot at a
+        time read a line of a hundred as a fourth of its wait, the line never read as a standing
+        queue, and served oldest first it held three large requests for one small at its head."""
         mean_service_s = self.service_s.mean()
         if mean_service_s is None:
             return None
-        return (ahead + 1) * mean_service_s / self.limiter.limit
+        return (ahead + 1) * self.units_per_request * mean_service_s / self.limiter.limit
 
     def retry_after_s(self, now_s: float, priority: int = 0) -> int:
         """When to come back: the line ahead of `priority` over the measured drain rate (requests

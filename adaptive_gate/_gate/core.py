@@ -40,6 +40,7 @@ from .too_large import TooLargeRoutes
 __all__ = ["GateCore", "InFlight", "Outcome", "Ticket", "units_of_cost"]
 QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SERVICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+UNITS_SHARE = 0.05  # how far one admission moves the slots a request takes on average
 
 
 class GateCore(CoreSnapshot):
@@ -114,6 +115,7 @@ class GateCore(CoreSnapshot):
         # hold the slots of then), and when the last such one left
         self._stale: set[int] = set()
         self._stale_left_s = -math.inf
+        self.units_per_request = 1.0  # the slots a request takes, on average lately (`expected_wait_s`)
         self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
             controller, "heavier_before", None
         )
@@ -245,6 +247,7 @@ class GateCore(CoreSnapshot):
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
         self._heavier_in_flight += heavier
+        self.units_per_request += UNITS_SHARE * (units - self.units_per_request)
         in_flight = self.limiter.in_flight
         return Ticket(
             now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests, heavier
