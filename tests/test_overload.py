@@ -124,6 +124,19 @@ def test_sustained_overload_never_answers_late(mode: str, factor: int) -> None:
     assert result.on_time / duration_s >= 0.9 * capacity_per_s()
 
 
+def test_one_slot_at_twice_what_it_serves_is_overload() -> None:
+    """One slot of 0.2 s and an open loop at twice what it serves, with 5 s deadlines. First come,
+    first served holds the line at the deadline's depth, turning away one newcomer in two as too late
+    for it, so as many join as are taken in and every answer waits about 5 s. Those turned away
+    arrived all the same: it is overload, and most answers come within a second."""
+    duration_s = 60.0
+    capacity = capacity_per_s(1, 0.2)
+    [result] = Replay([Flow(2 * capacity, deadline_s=5.0)], limit=1, service_s=0.2, seed=1).run(duration_s)
+    assert result.late == 0
+    assert result.on_time >= 0.9 * capacity * duration_s
+    assert sum(latency_s < 1.0 for latency_s in result.latencies_s) >= 0.8 * len(result.latencies_s)
+
+
 def test_newest_first_keeps_the_successes_fresh() -> None:
     duration_s = 20.0
     [lifo] = Replay([Flow(4 * capacity_per_s())], overload="lifo", seed=3).run(duration_s)

@@ -19,7 +19,7 @@ def fair_limiter(limit: int = 1, *, aging_s: float = 1e9, max_queue: int = 1000)
 
 def joins(detector: OverloadDetector, now_s: float, *, wait_s: float = 1.0, budget_s: float = 1.0) -> None:
     """A newcomer takes a place in line, expecting `wait_s` first come first served of its `budget_s`."""
-    detector.arrived(now_s, joins=True, wait_s=wait_s, budget_s=budget_s)
+    detector.arrived(now_s, wait_s=wait_s, budget_s=budget_s)
 
 
 def test_fifo_is_first_come_first_served_until_more_arrive_than_are_taken_in() -> None:
@@ -100,14 +100,35 @@ def test_overload_ends_once_no_more_join_than_are_taken_in() -> None:
         line.push(Waiter(), now_s)
         line.pop_next(now_s)
         assert detector.overloaded
-    for _ in range(60):  # turned away at arrival: they do not keep it going
+    for _ in range(60):  # one arrives for each one taken in: it ends
         now_s += 0.005
-        detector.arrived(now_s, joins=False, wait_s=1.0, budget_s=1.0)
         joins(detector, now_s)
         line.push(Waiter(), now_s)
         line.pop_next(now_s)
     assert not detector.overloaded and detector.episodes == 0  # set by hand: no episode counted
     assert line  # it ended with people waiting: the line did not have to empty
+
+
+def test_a_line_held_at_its_deadline_by_turning_away_the_late_is_overload() -> None:
+    """An open loop at twice what the slots take in, once the line is as deep as the deadline allows:
+    one newcomer in two is turned away as too late for the line, the other joins, and as many join
+    as are taken in. Counted as arriving, the late ones tell the line outruns the card; uncounted,
+    it was served first come, first served for ever, every answer near its deadline."""
+    detector = OverloadDetector(0.01)  # interval: 40 ms
+    line = FifoLine(detector)
+    for _ in range(50):
+        line.push(Waiter(), 0.0)
+    now_s = 0.0
+    for step in range(1, 200):  # a newcomer each ms, one taken in each 2 ms
+        now_s = step * 0.001
+        joins(detector, now_s, wait_s=1.0, budget_s=1.0)  # turned away, or joining: it found no slot
+        if step % 2 == 0:
+            line.pop_next(now_s)
+            line.push(Waiter(), now_s)
+        if detector.overloaded:
+            break
+    assert detector.overloaded and detector.episodes == 1
+    assert now_s < 0.1  # an interval after the line first stood, and enough counted to beat the noise
 
 
 def test_a_short_wait_resets_the_clock() -> None:
@@ -126,7 +147,7 @@ def test_the_counts_keep_few_buckets_whatever_the_rate() -> None:
     detector = OverloadDetector(0.01)
     for index in range(100_000):  # 100,000 joins in a second
         joins(detector, index * 1e-5)
-    assert len(detector._joined._buckets) <= 2 * BUCKETS + 1
+    assert len(detector._arrived._buckets) <= 2 * BUCKETS + 1
     assert detector.rates_per_s(1.0)[0] > 50_000
 
 

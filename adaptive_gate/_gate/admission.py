@@ -82,8 +82,8 @@ def queue_up(
         and fifo_wait_s > detector.interval_s
     )
     if detector is not None:
-        # Whoever wanted a place counts as joining, shed or not; one too late for any place does not.
-        detector.arrived(now_s, joins=not late, wait_s=fifo_wait_s, budget_s=budget_s)
+        # Whoever found no free slot arrives: joining, shed, or too late for the line.
+        detector.arrived(now_s, wait_s=fifo_wait_s, budget_s=budget_s)
     if late:
         return Reason.DEADLINE
     if shed:

@@ -8,8 +8,8 @@ overload when, at a newcomer's arrival, all three hold:
 
 - **it stands**: its oldest waiter has waited longer than `target_s` (one service time) ever since
   some moment at least an interval ago (CoDel's idea, RFC 8289, as Facebook's RPC servers use it);
-- **it grows**: over the last interval more joined the line than the slots took in, by a quarter
-  of what they took in and by twice the counts' noise;
+- **it grows**: over the last interval more arrived (found no free slot) than the slots took in, by
+  a quarter of what they took in and by twice the counts' noise;
 - **it is getting too long to wait out**: the newcomer's expected wait, first come first served, is
   past `DEEP_FRACTION` of the time it has to wait.
 
@@ -19,15 +19,19 @@ and a quarter of its deadline.
 
 While in overload the gate serves newest first (adaptive LIFO, as in Netflix's concurrency-limits:
 under a growing line FIFO serves everyone late; newest first serves the fresh on time) or sheds at
-arrival (`overload="shed"`). It lasts while more keep joining the line than the slots take in (over
-the last two intervals); it ends when they no longer do, or when the line empties. A newcomer shed
-at arrival counts as joining (it wanted a place); one turned away because no place could serve it
-in time does not.
+arrival (`overload="shed"`). It lasts while more keep arriving than the slots take in (over the
+last two intervals); it ends when they no longer do, or when the line empties. Every newcomer that
+found no free slot arrives: one that joins the line, one shed, and one turned away because first
+come, first served could not serve it in time. Had the last not counted, an open loop at twice what
+one slot serves would have held the line at its deadline's depth, turned away as many as it took
+in, and been served first come, first served for ever, every answer near its deadline.
 
 A limit: a closed loop whose clients start one after another (a ramp) while first come, first
 served would keep each waiting more than a quarter of its time looks like an open loop arriving
 faster than the card drains, and is served newest first for as long as the answers bring its clients
-back. With deadlines that first come, first served meets four times over, this cannot happen.
+back. With deadlines that first come, first served meets four times over, this cannot happen. So
+does a closed loop that first come, first served cannot serve within its deadlines (more clients than
+they allow, or the limit cut by an OOM): those it turns away as too late come back and arrive again.
 
 Counts are kept in buckets (`WindowCount`), so the detector's memory does not grow with the rate.
 Like the rest of the core, this reads no clock: the time comes with every event.
@@ -44,17 +48,17 @@ MIN_TARGET_S = 0.005  # RFC 8289's default target: below it a delay is noise
 # The interval, in targets: four service times of standing delay is a queue, not a burst.
 INTERVAL_TARGETS = 4
 MIN_INTERVAL_S = 0.05
-GROWTH_FRACTION = 0.25  # more joined than taken in by this share of what was taken in ...
+GROWTH_FRACTION = 0.25  # more arrived than were taken in by this share of what was taken in ...
 NOISE_SIGMAS = 2.0  # ... and by this many standard deviations of the counts (Poisson: sqrt of their sum)
 DEEP_FRACTION = 0.25  # ... and a newcomer would wait, first come first served, past this share of its time
-LASTING_INTERVALS = 2  # overload lasts while more joined than were taken in over this many intervals
+LASTING_INTERVALS = 2  # overload lasts while more arrived than were taken in over this many intervals
 BUCKETS = 8  # per window: the counts' resolution in time
 
 
-def _outruns(joined: int, taken: int) -> bool:
-    """More joined than were taken in, by more than chance explains."""
-    excess = joined - taken
-    return excess > 0 and excess > GROWTH_FRACTION * taken and excess > NOISE_SIGMAS * math.sqrt(joined + taken)
+def _outruns(arrived: int, taken: int) -> bool:
+    """More arrived than were taken in, by more than chance explains."""
+    excess = arrived - taken
+    return excess > 0 and excess > GROWTH_FRACTION * taken and excess > NOISE_SIGMAS * math.sqrt(arrived + taken)
 
 
 class WindowCount:
@@ -87,11 +91,10 @@ class WindowCount:
 class OverloadDetector:
     """Whether the queue is in overload (`overloaded`); see the module's docstring.
 
-    Fed by the line and the core: `arrived` (a newcomer found no free slot: whether it joins, and its
-    expected wait against the time it has), `dequeued` (a waiter got a slot), `drained` (the line
-    emptied)."""
+    Fed by the line and the core: `arrived` (a newcomer found no free slot: its expected wait against
+    the time it has), `dequeued` (a waiter got a slot), `drained` (the line emptied)."""
 
-    __slots__ = ("target_s", "known", "overloaded", "episodes", "_above_since_s", "_joined", "_taken")
+    __slots__ = ("target_s", "known", "overloaded", "episodes", "_above_since_s", "_arrived", "_taken")
 
     def __init__(self, target_s: float | None = MIN_TARGET_S) -> None:
         """`target_s` None: not known yet (no service time measured); nothing stands until it is."""
@@ -100,7 +103,7 @@ class OverloadDetector:
         self.overloaded = False
         self.episodes = 0  # how many times overload began: for the status
         self._above_since_s: float | None = None  # since when the queue stands
-        self._joined = WindowCount()
+        self._arrived = WindowCount()
         self._taken = WindowCount()
 
     @property
@@ -109,7 +112,7 @@ class OverloadDetector:
 
     @property
     def window_s(self) -> float:
-        """How far back joins and takes are counted for whether overload lasts."""
+        """How far back arrivals and takes are counted for whether overload lasts."""
         return LASTING_INTERVALS * self.interval_s
 
     def set_target(self, target_s: float) -> None:
@@ -117,18 +120,17 @@ class OverloadDetector:
         self.known = True
 
     def rates_per_s(self, now_s: float) -> tuple[float, float]:
-        """Joins to the line and waiters taken in, per second, over the window."""
+        """Arrivals that found no free slot and waiters taken in, per second, over the window."""
         window_s = self.window_s
-        return self._joined.total(now_s, window_s) / window_s, self._taken.total(now_s, window_s) / window_s
+        return self._arrived.total(now_s, window_s) / window_s, self._taken.total(now_s, window_s) / window_s
 
     # -- events -------------------------------------------------------------------------------------
 
-    def arrived(self, now_s: float, *, joins: bool, wait_s: float | None, budget_s: float) -> None:
-        """A newcomer found no free slot; `joins`: it takes a place in line (else it is turned away);
+    def arrived(self, now_s: float, *, wait_s: float | None, budget_s: float) -> None:
+        """A newcomer found no free slot, whether it joins the line or is turned away;
         `wait_s`: its expected wait first come first served (None: not known), `budget_s`: how long
         it may wait and still finish in time."""
-        if joins:
-            self._joined.add(now_s, self.window_s)
+        self._arrived.add(now_s, self.window_s)
         if self.overloaded:
             self._judge_lasting(now_s)
             return
@@ -138,7 +140,7 @@ class OverloadDetector:
         if wait_s <= DEEP_FRACTION * budget_s:
             return  # first come, first served still answers it in good time: no reason to reorder
         interval_s = self.interval_s
-        if _outruns(self._joined.total(now_s, interval_s), self._taken.total(now_s, interval_s)):
+        if _outruns(self._arrived.total(now_s, interval_s), self._taken.total(now_s, interval_s)):
             self._begin()
 
     def dequeued(self, sojourn_s: float, now_s: float, *, empty: bool) -> None:
@@ -171,6 +173,6 @@ class OverloadDetector:
 
     def _judge_lasting(self, now_s: float) -> None:
         window_s = self.window_s
-        if self._joined.total(now_s, window_s) <= self._taken.total(now_s, window_s):
+        if self._arrived.total(now_s, window_s) <= self._taken.total(now_s, window_s):
             self.overloaded = False
             self._above_since_s = None
