@@ -143,13 +143,6 @@ class _WholeSlots(AIMD):
         return float(self.limit)
 
 
-class _PartAfterAShrink(AIMD):
-    """Part of a slot is filled also once the sizes shrank, beside requests from before weighed by a guess."""
-
-    def _fills_part_of_a_slot(self) -> bool:
-        return not self.memory.is_mix()
-
-
 VARIANTS: dict[str, Callable[[], AIMD]] = {
     "full": AIMD,
     "no OOM bars": without_oom_bars,
@@ -157,7 +150,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no allocation sizes": without_allocation_sizes,
     "no twofold growth": _NoTwofoldGrowth,
     "whole slots": _WholeSlots,
-    "part of a slot after a shrink": _PartAfterAShrink,
     "no old sizes": _NoOldSizes,
     "no own count": without_own_count,
     "no slot held after an OOM": _NoSlotHeldAfterOom,

@@ -56,6 +56,7 @@ class Flow:
     # answered (after `pause_s` where it was turned away); `rate_per_s` is then not used.
     clients: int | None = None
     pause_s: float = 0.0
+    units: float = 1.0  # the slots each request takes (the gate's `cost`, in 64ths)
 
 
 @dataclass
@@ -148,7 +149,12 @@ class Replay:
         request = _Request(index, self.now_s, self.service_s * self.random.uniform(0.8, 1.2))
         self.results[index].offered += 1
         admission = self.core.arrive(
-            flow.deadline_s, route=ROUTE, priority=flow.priority, tenant=flow.tenant, now_s=self.now_s
+            flow.deadline_s,
+            route=ROUTE,
+            priority=flow.priority,
+            tenant=flow.tenant,
+            now_s=self.now_s,
+            units=flow.units,
         )
         if admission is ADMITTED:
             self.start(request)
@@ -161,7 +167,7 @@ class Replay:
 
     def start(self, request: _Request) -> None:
         waited_s = self.now_s - request.arrived_s
-        request.ticket = self.core.admitted(self.now_s, waited_s, route=ROUTE)
+        request.ticket = self.core.admitted(self.now_s, waited_s, self.flows[request.flow].units, route=ROUTE)
         self.results[request.flow].waits_s.append(waited_s)
         self.at(self.now_s + request.service_s, "finish", request)
 

@@ -43,12 +43,17 @@ def test_a_closed_loop_is_served_in_full_on_virtual_time(mode: str, clients: int
     service_s=st.floats(0.001, 0.5),
     mode=st.sampled_from(["lifo", "shed"]),
     seed=st.integers(0, 1000),
+    units=st.sampled_from([1.0, 0.25, 0.625, 2.0, 4.0, 10.0]),  # 64ths, as `cost` is counted
 )
-def test_no_closed_loop_is_ever_in_overload(clients: int, limit: int, service_s: float, mode: str, seed: int) -> None:
-    """Whatever its size against the slots, and however long the work: deadlines long enough for
-    first come, first served (each client's turn comes within clients / limit service times)."""
-    deadline_s = 3.0 * (clients / limit + 2) * service_s + 1.0
-    replay = Replay([Flow(0.0, deadline_s=deadline_s, clients=clients)], overload=mode, seed=seed,
+def test_no_closed_loop_is_ever_in_overload(
+    clients: int, limit: int, service_s: float, mode: str, seed: int, units: float
+) -> None:
+    """Whatever its size against the slots, however long the work, and whatever each request weighs
+    (`cost`, above the limit too: such a request runs alone): deadlines long enough for first come,
+    first served (each client's turn comes within clients / (those that run at once) service times)."""
+    at_once = max(1, int(limit / units))
+    deadline_s = 3.0 * (clients / at_once + 2) * service_s + 1.0
+    replay = Replay([Flow(0.0, deadline_s=deadline_s, clients=clients, units=units)], overload=mode, seed=seed,
                     max_queue=clients, limit=limit, service_s=service_s)  # fmt: skip
     [result] = replay.run(60 * service_s * max(1.0, clients / limit))
     assert result.rejected == 0

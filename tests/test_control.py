@@ -383,25 +383,6 @@ def test_the_budget_is_the_room_the_model_reads_where_the_model_alone_sets_the_l
     assert c.limit == 3 and c.budget == pytest.approx(4 - 1 / 64)
 
 
-def test_no_part_of_a_slot_is_filled_once_the_sizes_shrank() -> None:
-    """Requests of 3.5 GiB, settled, then readings say they hold 2.5: the sizes shrank, and the
-    requests that joined the line before then weigh the old size's slots (`heavier_before`), as far
-    as the readings tell it. The room reads 5.4 slots; the budget stays at the limit, 5: a part of a
-    slot filled on top of that guess let two old ones in among the new, and one ran out of memory."""
-    c = AIMD()
-    bound(c, initial=1)
-    now_s = learned(c, request_gib=3.5, levels=(1, 2, 3, 4) + (4,) * 10)
-    assert c.limit == 4 and c.budget == pytest.approx(16 / 3.5)
-    successes(c, 5, now_s=now_s, latency_s=0.1)
-    for _ in range(4):  # half a second apart: no reading of the old size within a service time before
-        now_s += 0.5
-        c.oldest_in_flight(now_s - 0.1)
-        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + 4 * 2.5) * GiB), TOTAL), in_flight=4)
-    room = c.memory.room()
-    assert c.heavier_before() is not None and room is not None and room > 5.4
-    assert c.limit == 5 and c.budget == 5.0
-
-
 def test_under_a_bar_requests_that_weigh_fractions_fill_up_to_under_what_ran_out() -> None:
     """An OOM with 3.5 slots in flight bars 4 (the limit is 3), and says 3.5 did not fit: requests
     that weigh parts of a slot may fill up to under 3.5, not to under 4. Held at the limit instead

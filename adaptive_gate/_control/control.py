@@ -203,9 +203,9 @@ class AIMD(_Bounds):
         the model sets the limit (one size per slot), the room it reads, 4.7 slots where the limit
         shows 4: with route weights a slot is the mean request, and a floor to whole ones left up to
         one of them idle. Under an OOM's bar, up to under the slots that ran out (6.75 where the bar
-        is at 7). Elsewhere the limit (`_fills_part_of_a_slot`)."""
+        is at 7). Elsewhere the limit."""
         room = self.memory.room()
-        if room is None or not self._fills_part_of_a_slot():
+        if room is None or self.memory.is_mix():
             return float(self._limit)
         wanted, bound = self._wanted()
         if wanted != self._limit or bound not in ("memory", "oom"):
@@ -217,15 +217,6 @@ class AIMD(_Bounds):
         if math.floor(ceiling + FIT_SLACK) != self._limit:
             return float(self._limit)
         return max(float(self._limit), ceiling)
-
-    def _fills_part_of_a_slot(self) -> bool:
-        """Whether what each request in flight weighs is known well enough to fill part of a slot: not
-        in a mix (an OOM there is its large ones meeting), nor once the sizes shrank (`heavier_before`:
-        the requests that joined the line before weigh the old size's slots, as far as the readings
-        tell it). Filled on top of that guess, the part let two of the old ones in among the new, and
-        one ran out of memory (inputs that halve, at twice the capacity: 0.94 of the reader, 0.98
-        without the part)."""
-        return not self.memory.is_mix() and self.memory.heavier_before() is None
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
         self._bind_bounds(min_limit, max_limit)

@@ -43,13 +43,16 @@ class CoreAnswers:
 
     def expected_wait_s(self, ahead: int) -> float | None:
         """How long one more request behind `ahead` others would wait, from recent service times and
-        the slots a request takes: where requests weigh four slots on average (`cost`), a slot at a
-        time read a line of a hundred as a fourth of its wait, the line never read as a standing
-        queue, and served oldest first it held three large requests for one small at its head."""
+        how many of the requests of late run at once: the limit over the slots they take, one at least
+        (`GateCore.units_per_request`). Where requests weigh four slots on average (`cost`), a slot at a
+        time read a line of a hundred as a fourth of its wait, the line never read as a standing queue,
+        and served oldest first it held three large requests for one small at its head. Slots that do
+        not pack (0.6 of a limit of 1 runs one at a time) read a little short."""
         mean_service_s = self.service_s.mean()
         if mean_service_s is None:
             return None
-        return (ahead + 1) * self.units_per_request * mean_service_s / self.limiter.limit
+        at_once = max(1.0, self.limiter.limit / self.units_per_request)
+        return (ahead + 1) * mean_service_s / at_once
 
     def retry_after_s(self, now_s: float, priority: int = 0) -> int:
         """When to come back: the line ahead of `priority` over the measured drain rate (requests
