@@ -262,43 +262,6 @@ def test_requests_that_joined_the_line_before_the_sizes_shrank_weigh_the_old_siz
     assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
 
 
-def test_no_part_of_a_slot_is_filled_while_requests_weighed_at_the_old_size_run_or_wait() -> None:
-    """The controller's budget is 4.7 slots where the limit is 4. Where the sizes shrank, a waiter from
-    before weighs the old size's slots, a guess: the part of a slot filled on top of it let two of the
-    old ones in among the new, one of which ran out. Whole slots while one waits or runs; the part
-    comes back at the first reading after the last of them has gone."""
-    shrunk: list[tuple[float, float]] = [(2.0, 1.5)]
-
-    class Shrunk(Fixed):
-        @property
-        def budget(self) -> float:
-            return 4.7
-
-        def heavier_before(self) -> tuple[float, float] | None:
-            return shrunk[0] if shrunk else None
-
-    core = GateCore(Shrunk(4), min_limit=1, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
-    core.sample(MemorySample(8 * GiB, 24 * GiB), 0.1)
-    assert core.limiter.budget == 4.7  # nobody from before: the part is filled
-    running = [core.enter(30.0, 1, None, arrived_s=0.5, now_s=0.5) for _ in range(4)]
-    tickets = [ticket for ticket in running if ticket is not None]
-    old = core.arrive(30.0, now_s=1.0)
-    assert isinstance(old, Waiter)
-    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.0)
-    assert old.units == 1.5 and core.limiter.budget == 4.0
-    core.release(tickets.pop(), 3.1, Outcome.COMPLETED)
-    assert not old.granted  # 3 + 1.5 fits 4.7, not 4
-    core.release(tickets.pop(), 3.2, Outcome.COMPLETED)
-    assert old.granted
-    units, heavier = core.granted(old)
-    ticket = core.admitted(3.2, 2.2, units, None, 1, heavier)
-    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.3)
-    assert core.limiter.budget == 4.0  # it runs
-    core.release(ticket, 3.4, Outcome.COMPLETED)
-    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.5)
-    assert core.limiter.budget == 4.7
-
-
 def test_an_oom_tells_the_controller_what_stays_in_flight_and_no_waiter_takes_its_slot() -> None:
     """Before the failed request's slot goes back: the controller hears what stays in flight once it
     has left (`after_oom`), so a waiter does not take the slot before the next reading, whichever

@@ -111,7 +111,6 @@ class GateCore(CoreSnapshot):
         # Where the requests' sizes shrank: when, and how many slots a request that joined the line
         # before then may hold (`heavier_before`, optional in the protocol, asked after each reading).
         self._heavier_in_flight = 0.0  # of the slots in flight, what requests weigh beyond their own (`granted`)
-        self._heavier_waiting = False  # whether a waiter weighs more than it took as it joined (`_reweigh_line`)
         # The serials of the requests in flight weighed before the route weights last changed (they
         # hold the slots of then), and when the last such one left
         self._stale: set[int] = set()
@@ -431,20 +430,16 @@ class GateCore(CoreSnapshot):
         size). Weighed as one slot, an old one let in among new ones ran out of memory, and several
         at once where a lull served them together. Admission by bytes, as far as the gate knows them:
         a request that joined after the change weighs its slot."""
-        waiting = False
-        if heavier is not None:
-            before_s, weight = heavier
-            reweighed = False
-            for waiter in list(self.limiter.line.joined_before(before_s)):
-                units = units_of_cost(min(MAX_COST, waiter.weighed * weight))
-                if units != waiter.units:
-                    waiter.units, reweighed = units, True
-                waiting = waiting or waiter.units > waiter.weighed
-            if reweighed:
-                self.limiter.reconsider(now_s)  # lighter than before: some may fit now
-        if waiting != self._heavier_waiting:
-            self._heavier_waiting = waiting
-            self._apply_limit(now_s)
+        if heavier is None:
+            return
+        before_s, weight = heavier
+        reweighed = False
+        for waiter in list(self.limiter.line.joined_before(before_s)):
+            units = units_of_cost(min(MAX_COST, waiter.weighed * weight))
+            if units != waiter.units:
+                waiter.units, reweighed = units, True
+        if reweighed:
+            self.limiter.reconsider(now_s)  # lighter than before: some may fit now
 
     def probe_error(self, message: str) -> bool:
         """A failed reading; True when its message differs from the last one (worth a log line)."""
@@ -496,11 +491,7 @@ class GateCore(CoreSnapshot):
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
         budget: float | None = None  # an operator's bound is whole slots: no part of one past it
-        # Nor while requests weighed at the size from before the sizes shrank run or wait: what they
-        # weigh is a guess, and the part of a slot filled on top of it let two of them in among the new
-        # ones, one of which ran out of memory (inputs that halve, at twice the capacity).
-        old_sizes = self._heavier_in_flight > 0 or self._heavier_waiting
-        if (operator is None or new_limit < operator.max_limit) and not old_sizes:
+        if operator is None or new_limit < operator.max_limit:
             budget = getattr(self.controller, "budget", None)  # optional in the protocol
         limiter = self.limiter
         old_limit = limiter.limit
