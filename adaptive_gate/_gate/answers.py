@@ -47,7 +47,8 @@ class CoreAnswers:
         (`GateCore.units_per_request`). Where requests weigh four slots on average (`cost`), a slot at a
         time read a line of a hundred as a fourth of its wait, the line never read as a standing queue,
         and served oldest first it held three large requests for one small at its head. Slots that do
-        not pack (0.6 of a limit of 1 runs one at a time) read a little short."""
+        not pack read short: requests of 0.6 of a limit of 1 run one at a time, and their line reads as
+        0.6 of its wait."""
         mean_service_s = self.service_s.mean()
         if mean_service_s is None:
             return None
