@@ -247,11 +247,12 @@ class GateCore(CoreSnapshot):
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
         self._heavier_in_flight += heavier
-        # A request heavier than the limit runs alone: it holds the limit, not its units, for its time.
-        # The mean of all so far until they are many (from a start of 1, requests of a quarter of a
-        # slot read as one slot each for dozens of admissions, and a closed loop was turned away as late).
-        share = max(UNITS_SHARE, 1 / counters.admitted)
-        self.units_per_request += share * (min(units, self.limiter.limit) - self.units_per_request)
+        if units != self.units_per_request:  # requests of one weight (all of them, without `cost`) move nothing
+            # A request heavier than the limit runs alone: it holds the limit, not its units, for its time.
+            # The mean of all so far until they are many (from a start of 1, requests of a quarter of a
+            # slot read as one slot each for dozens of admissions, and a closed loop was refused as late).
+            share = max(UNITS_SHARE, 1 / counters.admitted)
+            self.units_per_request += share * (min(units, self.limiter.limit) - self.units_per_request)
         in_flight = self.limiter.in_flight
         return Ticket(
             now_s, busy_area, self.controller.epoch, counters.admitted, in_flight, units, route, requests, heavier

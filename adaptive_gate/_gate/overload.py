@@ -29,9 +29,10 @@ in, and been served first come, first served for ever, every answer near its dea
 A limit: a closed loop whose clients start one after another (a ramp) while first come, first
 served would keep each waiting more than a quarter of its time looks like an open loop arriving
 faster than the card drains, and is served newest first for as long as the answers bring its clients
-back. With deadlines that first come, first served meets four times over, this cannot happen. So
-does a closed loop that first come, first served cannot serve within its deadlines (more clients than
-they allow, or the limit cut by an OOM): those it turns away as too late come back and arrive again.
+back. With deadlines that first come, first served meets four times over, this cannot happen. A
+closed loop that first come, first served cannot serve within its deadlines (more clients than they
+allow, or the limit cut by an OOM) looks like one too: those turned away as too late come back and
+arrive again.
 
 Counts are kept in buckets (`WindowCount`), so the detector's memory does not grow with the rate.
 Like the rest of the core, this reads no clock: the time comes with every event.
