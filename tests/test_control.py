@@ -603,6 +603,58 @@ def test_soon_after_sizes_shrank_a_size_beyond_the_one_from_before_is_believed()
     assert c.limit == 1
 
 
+def shrunk_a_step(c: AIMD, now_s: float) -> float:
+    """Requests of 6 GiB, two of which fit, then two readings of two that hold 3 GiB each, which
+    arrived just before them: the model takes a first step down. The time after them."""
+    for _ in range(2):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(14 * GiB, TOTAL), in_flight=2)
+    return now_s
+
+
+def test_a_shrink_read_in_steps_weighs_the_line_at_the_size_its_first_step_came_from() -> None:
+    """Inputs shrink from 6 GiB to 3; the model's size comes down a step at a time, and the sizes
+    may hold between two steps for longer than it takes to call them settled. The requests that
+    joined the line before the first step are of 6 GiB all the while: a later step that took the
+    size between steps for the one from before weighed them 1.15 slots where they hold 1.37, and in
+    `shrink` at twice the capacity one of them, let in among the new ones, ran out."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = shrunk_a_step(c, learned(c, request_gib=6, levels=(1, 2) + (2,) * 12))
+    first = c.heavier_before()
+    assert first is not None
+    per_request = c.describe()["memory_model"]["per_request_bytes"]
+    assert first[1] == pytest.approx(6 * GiB / per_request)
+    for _ in range(12):  # the size between steps holds for longer than ten readings
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + 2 * per_request / GiB + 0.1) * GiB), TOTAL), in_flight=2)
+    assert c.heavier_before() == first
+    shrunk_a_step(c, now_s)
+    later = c.heavier_before()
+    assert later is not None and c.describe()["memory_model"]["per_request_bytes"] < per_request
+    assert later[0] == first[0]
+    assert later[1] == pytest.approx(6 * GiB / c.describe()["memory_model"]["per_request_bytes"], rel=0.01)
+
+
+def test_no_line_is_drawn_through_readings_of_a_request_from_before_the_sizes_shrank() -> None:
+    """After the sizes shrank from 6 GiB to 3, one request of 6 that joined the line before runs
+    beside two, three or four of the new ones. A line through those readings puts the others at
+    11 GiB and a request at 3 (8 and 3 are, and one of 6): in `shrink` one such line let six in
+    where five fit. The model keeps the others' bytes read idle until no request from before runs."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = shrunk_a_step(c, learned(c, request_gib=6, levels=(1, 2) + (2,) * 12))
+    shrunk = c.heavier_before()
+    assert shrunk is not None
+    for n in [2, 3, 4, 3] * 3:
+        now_s += 0.1
+        c.oldest_in_flight(shrunk[0] - 1.0)
+        c.on_sample(now_s=now_s, sample=MemorySample((14 + 3 * (n - 1)) * GiB, TOTAL), in_flight=n)
+        assert c.describe()["memory_model"]["baseline_bytes"] == 8 * GiB
+
+
 def test_slots_caught_between_admission_and_allocation_are_no_shrink_but_a_shrink_still_is() -> None:
     """Five 3 GiB requests at the fit; in real time, with 30 ms requests, a reading every second or so
     catches one of the slots between a request's admission and its allocation, sometimes two readings

@@ -245,6 +245,12 @@ class MemoryModel:
         self._recent.append((now_s, in_flight, used))
         self._since_shrink += 1
         self._since_sizes += 1
+        shrunk = self._shrunk
+        if shrunk is not None and self._oldest_s is not None and self._oldest_s < shrunk[0]:
+            # A request from before the sizes shrank may run: each reading holds one of the old size
+            # among the new, and a line through them put the others at 10.25 GiB and a request at
+            # 2.25 where 8 and 3 are (six let in where five fit). The line starts once none runs.
+            self._changed()
         if self._fit_recent():
             self._pending_relief.clear()
             self._rise, self._anchored = None, True
@@ -407,13 +413,17 @@ class MemoryModel:
             # their OOMs named was taken for one left from before while a dozen more ran out.
             shrunk = self._shrunk
             before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
-            # A later step keeps the size its first step came from, and the first step's record.
-            self._size_before = before if before is not None or shrunk is None else shrunk[1]
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            if before is not None and self._oldest_s is not None and not mix:
+            if shrunk is not None and (before is None or before <= shrunk[1]):
+                # A later step keeps the size its first step came from, and the first step's record,
+                # also one that comes after the sizes held a while: replaced by the size between
+                # steps, the line's old requests weighed 1.06 slots where they hold 1.75, and one of
+                # them, let in among the new ones, ran out.
+                before = shrunk[1]
+            elif before is not None and self._oldest_s is not None and not mix:
                 shrunk = (self._oldest_s, before)
-            self._shrunk = shrunk
+            self._size_before, self._shrunk = before, shrunk
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
             share = (used - floor) / in_flight
