@@ -57,11 +57,22 @@ class _NoTwofoldGrowth(AIMD):
         return None
 
 
-class _NoOldSizes(AIMD):
-    """Requests that joined the line before their sizes shrank weigh one slot of the new size each."""
+class _NoShrinkRecord(MemoryModel):
+    """Keeps no record of the size from before the sizes shrank."""
 
-    def heavier_before(self) -> None:
+    @property
+    def _shrunk(self) -> None:
         return None
+
+    @_shrunk.setter
+    def _shrunk(self, value: object) -> None:
+        pass
+
+
+def without_old_sizes() -> AIMD:
+    """Requests that joined the line before their sizes shrank weigh one slot of the new size each,
+    and readings taken while one of them runs are read as any others (a line may go through them)."""
+    return AIMD(memory=_NoShrinkRecord())
 
 
 class _NoSlotHeldAfterOom(AIMD):
@@ -150,7 +161,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no allocation sizes": without_allocation_sizes,
     "no twofold growth": _NoTwofoldGrowth,
     "whole slots": _WholeSlots,
-    "no old sizes": _NoOldSizes,
+    "no old sizes": without_old_sizes,
     "no own count": without_own_count,
     "no slot held after an OOM": _NoSlotHeldAfterOom,
     "whole request at a slack fit": whole_request_margin,

@@ -23,8 +23,6 @@ FLOORS = {
     # byte budget there.
     ("mixed", "2x"): 0.62,
     ("mixed", "closed-32"): 0.68,
-    # Inputs that shrink, with a line of the old sizes: one of them runs out beside the new ones.
-    ("shrink", "2x"): 0.94,
 }
 MIX_WITHOUT_COST = {"mixed"}
 MIX_OOM_SHARE = 0.08  # of a mix's requests served, at most, where the gate has to learn it is one
