@@ -288,6 +288,31 @@ def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     assert core.statistics(0.2).in_flight == 0
 
 
+def test_a_reading_counts_the_requests_in_flight_in_the_slots_of_the_weights_of_now() -> None:
+    """Three requests weighed one slot each; then the readings weigh the heavy route four times the
+    light one, and a reading comes while the three still run. The memory model reads what they hold
+    in the slots of now (2 + 2 + 0.5), as the route fit does. Told the three slots they took, it read
+    a slot as holding half again its bytes and took the routes for a mix of sizes: on a card read every
+    half second, where five fit, the limit reached five 17 s after the weights, where it takes 3.5 s."""
+    now = [0.0]
+    controller = AIMD()
+    read: list[float] = []
+    on_sample = controller.on_sample
+    controller.on_sample = lambda **told: (read.append(told["in_flight"]), on_sample(**told))[-1]  # type: ignore[method-assign]
+    core = core_with(controller, now)
+    tickets = []
+    for route in ("/heavy", "/heavy", "/light"):
+        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
+        tickets.append(core.admitted(0.0, 0.0, 1, route))
+    assert core.route_weights is not None
+    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    core.sample(MemorySample(17 * GiB, 64 * GiB), 0.1)
+    assert read == [4.5]
+    for ticket in tickets:
+        core.release(ticket, 0.2, Outcome.COMPLETED)
+    assert core.statistics(0.2).in_flight == 0
+
+
 def test_an_oom_beside_a_request_weighed_before_the_weights_changed_is_weaker_evidence_after_it_left() -> None:
     """A heavy request waited in the line while the heavy route's weight went from 1 to 2, and took 1
     slot where it is worth 2. A light one admitted beside it runs out of memory after it has left:
