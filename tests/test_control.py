@@ -642,17 +642,48 @@ def test_no_line_is_drawn_through_readings_of_a_request_from_before_the_sizes_sh
     """After the sizes shrank from 6 GiB to 3, one request of 6 that joined the line before runs
     beside two, three or four of the new ones. A line through those readings puts the others at
     11 GiB and a request at 3 (8 and 3 are, and one of 6): in `shrink` one such line let six in
-    where five fit. The model keeps the others' bytes read idle until no request from before runs."""
+    where five fit. The model keeps the others' bytes read idle until no request from before runs,
+    also once the readings from before the shrink have left the window a line looks over."""
     c = AIMD()
     bound(c, initial=1)
     now_s = shrunk_a_step(c, learned(c, request_gib=6, levels=(1, 2) + (2,) * 12))
     shrunk = c.heavier_before()
     assert shrunk is not None
-    for n in [2, 3, 4, 3] * 3:
+    for n in [2, 3, 4, 3] * 10:
         now_s += 0.1
         c.oldest_in_flight(shrunk[0] - 1.0)
         c.on_sample(now_s=now_s, sample=MemorySample((14 + 3 * (n - 1)) * GiB, TOTAL), in_flight=n)
         assert c.describe()["memory_model"]["baseline_bytes"] == 8 * GiB
+
+
+def test_a_shrink_after_the_sizes_grew_back_is_another_shrink() -> None:
+    """Sizes shrink from 6 GiB to 3, grow back to 5 (read from the readings: no OOM tells it), and
+    shrink to 2.5. The second shrink is no later step of the first: requests that joined the line
+    after the first are of 5 GiB, and weigh two slots of the new size. Kept from the first shrink,
+    the record weighed them one, and the size from before was 6."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=6, levels=(1, 2) + (2,) * 12)
+
+    def read(n: int, size_gib: float) -> None:
+        nonlocal now_s
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + n * size_gib) * GiB), TOTAL), in_flight=n)
+
+    for n in [2, 3, 4, 3, 2, 4] * 6:
+        read(n, 3)
+    first = c.heavier_before()
+    assert first is not None
+    for n in [1, 2, 1, 2, 1, 2, 2, 1] * 5:
+        read(n, 5)
+    grown_s = now_s
+    now_s += 5.0
+    for n in [2, 3, 4, 3, 2, 4] * 4:
+        read(n, 2.5)
+    second = c.heavier_before()
+    assert second is not None and second[0] > grown_s  # a request that joined while they were 5 GiB
+    assert second[1] == pytest.approx(2.0, rel=0.05)
 
 
 def test_slots_caught_between_admission_and_allocation_are_no_shrink_but_a_shrink_still_is() -> None:

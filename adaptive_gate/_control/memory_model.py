@@ -155,9 +155,10 @@ class MemoryModel:
         self._ours: float | None = None
         self._own_agrees = False  # whether that count told our requests' bytes at the last busy reading
         self._oldest_s: float | None = None  # when the oldest request in flight arrived, at the last reading
-        # Where the sizes shrank: when the oldest request read at the smaller size arrived, and the
-        # size from before. Requests that arrived before then may be of that size (`heavier_before`).
-        self._shrunk: tuple[float, float] | None = None
+        # Where the sizes shrank: when the oldest request read at the smaller size arrived, the size
+        # from before, and the least size read since. Requests that arrived before then may be of the
+        # size from before (`heavier_before`); sizes that grew well past the least are other requests.
+        self._shrunk: tuple[float, float, float] | None = None
         # Whether the others rose at the last reading and it found the card full: they took all there
         # was, and may want more (a neighbour that arrived on a full card takes each byte we free).
         self.pressed = False
@@ -251,6 +252,8 @@ class MemoryModel:
             # among the new, and a line through them put the others at 10.25 GiB and a request at
             # 2.25 where 8 and 3 are (six let in where five fit). The line starts once none runs.
             self._changed()
+        if shrunk is not None and self._per_request is not None and self._per_request < shrunk[2]:
+            self._shrunk = (shrunk[0], shrunk[1], self._per_request)  # the least size read since
         if self._fit_recent():
             self._pending_relief.clear()
             self._rise, self._anchored = None, True
@@ -415,19 +418,23 @@ class MemoryModel:
             before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             self._sizes_changed()
-            if shrunk is not None and (before is None or before <= shrunk[1]):
+            if shrunk is not None and (before is None or before <= (1 + MIX_SPREAD) * shrunk[2]):
                 # A later step keeps the size its first step came from, and the first step's record,
                 # also one that comes after the sizes held a while: replaced by the size between
                 # steps, the line's old requests weighed 1.06 slots where they hold 1.75, and one of
-                # them, let in among the new ones, ran out.
+                # them, let in among the new ones, ran out. Not where the sizes grew well past the
+                # least read since (by more than a mix's spread): that is another shrink.
                 before = shrunk[1]
             elif before is not None and self._oldest_s is not None and not mix:
-                shrunk = (self._oldest_s, before)
-            self._size_before, self._shrunk = before, shrunk
+                shrunk = (self._oldest_s, before, before)
+            else:
+                shrunk = None
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
             share = (used - floor) / in_flight
             self._per_request += SHARE_SHRUNK * (share - self._per_request)
+            self._size_before = before
+            self._shrunk = None if shrunk is None else (shrunk[0], shrunk[1], self._per_request)
             self._add_share(share, in_flight)
 
     def _others_read(self, relieved: float, reads: list[float]) -> float | None:
@@ -517,7 +524,8 @@ class MemoryModel:
 
     def _fit_recent(self) -> bool:
         # A line across a change of the card is no line: only the readings since, as (in flight, used).
-        recent = [(x, y) for _, x, y in list(self._recent)[-self._since_shrink :]]
+        readings = list(self._recent)
+        recent = [(x, y) for _, x, y in readings[max(0, len(readings) - self._since_shrink) :]]
         n = len(recent)
         if n < 8 or self._own_count_rose(*recent[-1]):
             # A rise the own count reads at the newest is the others', not a point of the line: a
