@@ -262,6 +262,18 @@ def test_weights_hold_steady_while_requests_weighed_before_a_change_still_run() 
     assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
+def weighed_before_a_change(core: GateCore) -> list[Ticket]:
+    """Two heavy requests and a light one, admitted at a slot each; then the weights change to 2 and
+    0.5 while they run: 4.5 slots of now where they took 3."""
+    tickets = []
+    for route in ("/heavy", "/heavy", "/light"):
+        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
+        tickets.append(core.admitted(0.0, 0.0, 1, route))
+    assert core.route_weights is not None
+    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    return tickets
+
+
 def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     """Three requests weighed one slot each; then the readings weigh the heavy route four times the
     light one. One of them runs out of memory: the level that did not fit is what they are worth now
@@ -275,12 +287,7 @@ def test_an_oom_counts_its_level_in_the_slots_of_the_weights_of_now() -> None:
     controller.on_oom = lambda **told: levels.append(-1)  # type: ignore[method-assign]
     controller.on_swallowed_oom = lambda **told: (levels.append(told["in_flight"]), weak(**told))[-1]  # type: ignore[method-assign]
     core = core_with(controller, now)
-    tickets = []
-    for route in ("/heavy", "/heavy", "/light"):
-        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
-        tickets.append(core.admitted(0.0, 0.0, 1, route))
-    assert core.route_weights is not None
-    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    tickets = weighed_before_a_change(core)
     core.oom(tickets[0], 0.1)
     assert levels == [4.5]
     for ticket in tickets:
@@ -300,12 +307,7 @@ def test_a_reading_counts_the_requests_in_flight_in_the_slots_of_the_weights_of_
     on_sample = controller.on_sample
     controller.on_sample = lambda **told: (read.append(told["in_flight"]), on_sample(**told))[-1]  # type: ignore[method-assign]
     core = core_with(controller, now)
-    tickets = []
-    for route in ("/heavy", "/heavy", "/light"):
-        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
-        tickets.append(core.admitted(0.0, 0.0, 1, route))
-    assert core.route_weights is not None
-    core.route_weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+    tickets = weighed_before_a_change(core)
     core.sample(MemorySample(17 * GiB, 64 * GiB), 0.1)
     assert read == [4.5]
     for ticket in tickets:

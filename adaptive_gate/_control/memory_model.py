@@ -433,8 +433,7 @@ class MemoryModel:
             assert self._per_request is not None
             share = (used - floor) / in_flight
             self._per_request += SHARE_SHRUNK * (share - self._per_request)
-            self._size_before = before
-            self._shrunk = None if shrunk is None else (shrunk[0], shrunk[1], self._per_request)
+            self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
             self._add_share(share, in_flight)
 
     def _others_read(self, relieved: float, reads: list[float]) -> float | None:

@@ -410,14 +410,15 @@ class GateCore(CoreSnapshot):
             # what one request asked for says little of another route's: nothing is held from before.
             several = len(self.requests_by_route) > 1
             self._oldest_told(None if several else min(self._arrived_s.values(), default=None))
-        # The model reads each request at its own slots: what the line weighs beyond them is a guess
-        # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
-        in_flight = max(0.0, then.units - self._heavier_in_flight)
         if self.route_weights is not None and self.route_weights.by_route:
             # In the slots of now, as the route fit reads them: a request weighed before the weights
             # last changed holds its route's bytes, not the slots it took, and read at those, a slot
             # held half again its bytes, the routes read as a mix of sizes and the limit stayed low.
             in_flight = self.route_weights.slots(then.by_route)
+        else:
+            # The model reads each request at its own slots: what the line weighs beyond them is a guess
+            # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
+            in_flight = max(0.0, then.units - self._heavier_in_flight)
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
         self._count_swallowed_ooms(sample, now_s)
         self._apply_limit(now_s)
