@@ -125,7 +125,8 @@ class ReaderMiddleware:
     def read(self) -> None:
         scenario, gpu = self.world.scenario, self.world.gpu
         room_bytes = scenario.total_bytes - scenario.weights_bytes - gpu.neighbour_bytes
-        self.limiter.set_limit(max(1, room_bytes // GiB), time.monotonic())
+        room_gib = room_bytes / GiB  # not floored to whole GiB: on a small card that leaves a request out
+        self.limiter.set_limit(max(1, math.floor(room_gib)), time.monotonic(), budget=room_gib)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFER_PATHS:

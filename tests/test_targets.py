@@ -237,3 +237,21 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
     assert ours.completed >= 0.95 * theirs.completed
     # A mix on two routes may run out while their weights are learnt: 2% of its requests, as in `benchmarks.unseen`
     assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + 0.02 * ours.completed
+
+
+@pytest.mark.parametrize("total_gib", [8, 141])
+def test_the_reader_runs_every_request_the_room_it_reads_holds(total_gib: int) -> None:
+    """The reader is the ceiling: a byte budget of the room it reads, to the byte. Floored to whole
+    GiB, it ran eight where nine fit on a small card; capped at the gate's default of 64 slots (its
+    slots are GiB), twenty-one where forty-five fit on an H200. Either made the gate look better than a
+    reader of the card."""
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import reader_run
+
+    size = 0.6 * GiB if total_gib == 8 else 3 * GiB
+    weights = int(2.5 * GiB) if total_gib == 8 else 6 * GiB
+    fit = int((total_gib * GiB - weights) // size)
+    scenario = Scenario("fit", "", [Phase(0.0, Size(int(size)))], total_bytes=total_gib * GiB, weights_bytes=weights)
+    result = reader_run(scenario, "closed-32" if fit < 32 else "2x", 20.0, 1)
+    held = max(used for *_, used in result.series) - weights
+    assert round(held / size) == fit and result.ooms == 0
