@@ -1095,6 +1095,27 @@ def test_a_bar_at_a_fit_by_the_slack_alone_holds_until_the_level_fits_without_it
     assert states.barred_from(10.5, 4.011) is None  # four fit without the slack: tried again
 
 
+def test_a_bar_counts_the_room_then_in_requests_of_the_size_the_model_learned_since() -> None:
+    """Nine ran out with room for 9.36 requests of 0.561 GiB, a size that readings of a request that
+    held nothing (its allocation had failed) had brought 4% below the 0.585 it is. Once the model holds
+    0.585 again, the room then was 8.98 of them: nine did not fit then, and the bar holds only while
+    they do not fit now. Left in the old size, room for 9.24 after the neighbour that caused it left
+    read as less than then, and nine stayed barred for two minutes where nine fitted."""
+    from adaptive_gate._control.oom_states import OomStates
+
+    states = OomStates()
+    states.observe(9.9, 9.5, 0.561 * GiB)
+    states.record(10.0, 9, 9.5)
+    states.observe(10.1, 9.36, 0.561 * GiB)  # the first reading after it: the room then
+    assert states.barred_from(10.2, 9.5) == 9  # the same size: a request roomier than then, or barred
+    states.observe(20.0, 8.9, 0.585 * GiB)
+    assert states.barred_from(20.0, 8.9) == 9  # the size learned again: nine do not fit now either
+    states.observe(20.1, 9.24, 0.585 * GiB)
+    assert states.barred_from(20.1, 9.24) is None  # they fit now: tried again
+    states.observe(30.0, 9.9, 0.5 * GiB)
+    assert states.barred_from(30.0, 9.9) == 9  # a smaller size is counted as then: 9.9 is not 10.36
+
+
 def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothing() -> None:
     """A neighbour takes 7 GiB: the reading shows the others' rise, by the count in flight and by
     the own count alike. At the next, three of the five in flight failed to allocate and hold

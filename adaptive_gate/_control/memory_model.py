@@ -188,7 +188,8 @@ class MemoryModel:
                 self._anchor = self._baseline
         finally:
             self._quantile = self._share_quantile()
-            self.ooms.observe(now_s, self.room())
+            est = self.estimate()
+            self.ooms.observe(now_s, self.room(), 0.0 if est is None else est.per_request_bytes)
 
     def _read_own(self, in_flight: float, own_bytes: int | None) -> None:
         """What our requests hold by this process's own count, where the probe knows it: its live

@@ -44,7 +44,9 @@ class OomStates:
     """
 
     def __init__(self) -> None:
-        self._states: list[list[float]] = []  # [level, room then, when, until, load, 1 until a reading came]
+        # [level, room then, when, until, load, 1 until a reading came, a request's bytes then (0: not known)]
+        self._states: list[list[float]] = []
+        self._request_bytes = 0.0  # a request's bytes as the model held them at the last reading
 
     def record(
         self, now_s: float, level: int, room: float | None, *, placed: bool = True, load: float | None = None
@@ -54,14 +56,19 @@ class OomStates:
         memory_s = PLACED_MEMORY_S if placed else WEAK_MEMORY_S
         kept = [state for state in self._states if now_s < state[3]]
         room_then, load_then = math.inf if room is None else room, level if load is None else load
-        self._states = [*kept[-(MAX_STATES - 1) :], [level, room_then, now_s, now_s + memory_s, load_then, 1]]
+        state = [level, room_then, now_s, now_s + memory_s, load_then, 1, self._request_bytes]
+        self._states = [*kept[-(MAX_STATES - 1) :], state]
 
-    def observe(self, now_s: float, room: float | None) -> None:
+    def observe(self, now_s: float, room: float | None, request_bytes: float = 0.0) -> None:
+        """A reading: the room it showed (in requests of `request_bytes` each, the model's size)."""
         if room is None:
             return
+        self._request_bytes = request_bytes
         for state in self._states:
             if state[5] or now_s - state[2] <= OOM_STATE_S:
-                state[1], state[5] = min(state[1], room), 0
+                if room < state[1]:
+                    state[1], state[6] = room, request_bytes
+                state[5] = 0
 
     def barred_from(self, now_s: float, room: float) -> int | None:
         """The lowest level barred with `room` for so many requests now, or None."""
@@ -89,8 +96,7 @@ class OomStates:
         """Slots changed what they weigh: the levels barred so far are in the old ones."""
         self._states.clear()
 
-    @staticmethod
-    def _bars(state: list[float], now_s: float, room: float) -> bool:
+    def _bars(self, state: list[float], now_s: float, room: float) -> bool:
         """Whether an OOM's state still bars its level with `room` for so many requests now. Where the
         readings after it explained it (the room then was less than its level: a neighbour came), it
         bars its level until the model says the level fits again: a neighbour smaller than a request
@@ -98,10 +104,17 @@ class OomStates:
         20.99 taken for 21), the model was right and its slack was not: barred, not tried again at every
         request's end, until the level fits without the slack (a leak that ran out four at room for
         3.998, and freed two thirds of a request, waited two minutes for a whole one). Where the model
-        said it fitted outright, and it did not, the card must read `ROOM_MARGIN` roomier than then."""
+        said it fitted outright, and it did not, the card must read `ROOM_MARGIN` roomier than then.
+        Where the model has since learned that a request holds more than it believed then, the room
+        then is counted in requests of the size believed now: readings of a request that had failed to
+        allocate, and held nothing, took a request for 4% smaller, an OOM came at room for 9.36 of
+        them, and after the neighbour that caused it left, room for 9.24 of the size learned again
+        kept nine barred for two minutes where nine fitted."""
         level, room_then, _, until_s = state[:4]
         if now_s >= until_s:
             return False
+        if 0 < state[6] < self._request_bytes:
+            room_then *= state[6] / self._request_bytes
         if room_then + FIT_SLACK < level:  # the model did not take the level for a fit then (`FIT_SLACK`)
             return room + FIT_SLACK < level
         if room_then < level:  # a fit by the slack alone: the model was right, its slack was not
