@@ -295,10 +295,11 @@ class AIMD(_Bounds):
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         if self.memory.pressed and in_flight >= 1:
-            # The others rose into a full card: whatever our requests free until the next reading may
-            # be theirs. A slot less till then, so that the next request does not allocate into room
-            # they have taken (a neighbour that came to a card nine requests filled took the room of
-            # the first to finish, and the one admitted into it ran out: with a crash, 1 s lost).
+            # The others rose into a full card: whatever our requests free may be theirs. A slot less
+            # till a reading after one of ours finished (`MemoryModel.pressed`), so that the next
+            # request does not allocate into room they have taken (a neighbour that came to a card
+            # nine requests filled took the room of the first to finish, and the one admitted into it
+            # ran out: with a crash, 1 s lost).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
             self._until_reading_bound = "memory"
         self._update("memory", at_most=self._most_after_reading(now_s))
@@ -428,7 +429,8 @@ class AIMD(_Bounds):
         until = self._until_reading
         if until is not None and until == self._wanted()[0] and self._until_reading_bound == bound:
             if bound == "memory":
-                return f"memory: the others rose into a full card: {until} until the next reading; {figures}"
+                held = f"{until} till one of ours frees its bytes"
+                return f"memory: the others rose into a full card: {held}; {figures}"
             return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())

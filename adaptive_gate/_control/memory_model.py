@@ -159,9 +159,11 @@ class MemoryModel:
         # from before, and the least size read since. Requests that arrived before then may be of the
         # size from before (`heavier_before`); sizes that grew well past the least are other requests.
         self._shrunk: tuple[float, float, float] | None = None
-        # Whether the others rose at the last reading and it found the card full: they took all there
-        # was, and may want more (a neighbour that arrived on a full card takes each byte we free).
+        # Whether the others rose into a full card (at the last reading, or at one before it and the
+        # card read full since, none of ours finished meanwhile): they took all there was, and may
+        # want more (a neighbour that arrived on a full card takes each byte we free).
         self.pressed = False
+        self._served_since = False  # whether a request of ours finished since the last reading
 
     @property
     def learning(self) -> bool:
@@ -182,7 +184,12 @@ class MemoryModel:
             rise_before = self._rise
             self._learn(now_s, in_flight, float(used_bytes))
             full = total_bytes - used_bytes < MIN_REQUEST_FRACTION * total_bytes
-            self.pressed = full and self._rise is not None and self._rise is not rise_before
+            # Pressed till a request of ours finished: only the bytes one frees tell whether the others
+            # want more (a neighbour that came to a full card waits for them; the hold let go at the
+            # next reading, before any had finished, and the request let in ran out).
+            waiting = self.pressed and not self._served_since
+            self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
+            self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
             if self._anchored:
                 self._anchor = self._baseline
@@ -465,6 +472,7 @@ class MemoryModel:
 
     def served(self, latency_s: float) -> None:
         """A request finished `latency_s` after its admission: how long one holds its slot."""
+        self._served_since = True
         if not 0 <= latency_s < math.inf:
             return  # no time a request could take (NaN too)
         if self._service_s is None:
@@ -527,10 +535,12 @@ class MemoryModel:
         readings = list(self._recent)
         recent = [(x, y) for _, x, y in readings[max(0, len(readings) - self._since_shrink) :]]
         n = len(recent)
-        if n < 8 or self._own_count_rose(*recent[-1]):
+        if n < 8 or self._rise is not None or self._own_count_rose(*recent[-1]):
             # A rise the own count reads at the newest is the others', not a point of the line: a
             # neighbour that took under half a request of a full card at its first reading was
-            # absorbed into it, and the requests admitted into the room it took next ran out.
+            # absorbed into it, and the requests admitted into the room it took next ran out. Nor
+            # is a rise the next reading has yet to confirm (`_read_busy`): at that reading, a line
+            # through its two high readings hid most of a neighbour in the others' bytes.
             return False
         mean_x = sum(x for x, _ in recent) / n
         mean_y = sum(y for _, y in recent) / n
