@@ -255,3 +255,26 @@ def test_the_reader_runs_every_request_the_room_it_reads_holds(total_gib: int) -
     result = reader_run(scenario, "closed-32" if fit < 32 else "2x", 20.0, 1)
     held = max(used for *_, used in result.series) - weights
     assert round(held / size) == fit and result.ooms == 0
+
+
+def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_from_coming_back() -> None:
+    """On an 8 GiB card that holds three requests of 2.16 GiB, read every 50 ms, a neighbour of
+    1.49 GiB takes the room of a request as one finishes, and the one let in holds nothing until it
+    runs out. Read as requests that shrank, the size came down; then, with that request gone, the
+    process's own count read the others where they were, yet the bytes the smaller size left over
+    were taken for the others' rise. The model stayed at 1.69 GiB a request beside 2.83 GiB of others,
+    self-consistent and wrong, and after the neighbour left the limit stayed at two where three fit
+    for the last 20 s. Where the own count reads the others where they were, the bytes are ours."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import one_run, recovery_s
+
+    size = Size(2322061656)
+    phases = [Phase(0.0, size), Phase(1 / 3, size, 1598660768), Phase(2 / 3, size)]
+    scenario = Scenario(
+        "hollow-beside-a-neighbour", "", phases, total_bytes=8 * GiB, weights_bytes=431489917, work_s=1.0,
+        capacity_per_s=3.0, sample_period_s=0.05,
+    )  # fmt: skip
+    result = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
+    recovered = recovery_s(scenario, result, DURATION_S)
+    assert recovered is not None and recovered <= 1.0

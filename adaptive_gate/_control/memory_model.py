@@ -255,7 +255,7 @@ class MemoryModel:
         self._since_shrink += 1
         self._since_sizes += 1
         shrunk = self._shrunk
-        if shrunk is not None and self._oldest_s is not None and self._oldest_s < shrunk[0]:
+        if self._old_sizes_may_run():
             # A request from before the sizes shrank may run: each reading holds one of the old size
             # among the new, and a line through them put the others at 10.25 GiB and a request at
             # 2.25 where 8 and 3 are (six let in where five fit). The line starts once none runs.
@@ -333,19 +333,33 @@ class MemoryModel:
             return
         if rise is not None and rise[5]:
             self._changed()  # a rise that lasts, and came as a jump: the card changed
-        if moved_baseline > self._baseline + noise_bytes:
+        own_others = used - self._ours if self._ours is not None and self._own_agrees else None
+        rose = moved_baseline > self._baseline + noise_bytes
+        if rose and own_others is not None and own_others <= before + noise_bytes and not self._old_sizes_may_run():
+            # The process's own count, believed, reads the others where they were: the rise is ours,
+            # our requests hold more than the model says (taken for the others' rise, a request size
+            # brought down by one that held nothing stayed down, and the others stayed a GiB high).
+            # Not while a request from before the sizes shrank may run: that one holds more.
+            self._pending_relief.clear()
+            if self._anchored:
+                self._add_share((used - self._baseline) / in_flight, in_flight)
+        elif rose:
             self._pending_relief.clear()
             if rise is None:  # a first rise: believed at once, and taken back if the next reading says so
                 share = (used - self._baseline) / in_flight
                 self._rise = (self._baseline, self._anchored, share, in_flight, self._since_shrink, jumped)
             self._baseline, self._anchored = moved_baseline, False
         elif moved_baseline < self._baseline - noise_bytes:
-            read = used - self._ours if self._ours is not None and self._own_agrees else None
-            self._relieve(moved_baseline, used, in_flight, read)
+            self._relieve(moved_baseline, used, in_flight, own_others)
         else:
             self._pending_relief.clear()
             if self._anchored:
                 self._add_share((used - self._baseline) / in_flight, in_flight)
+
+    def _old_sizes_may_run(self) -> bool:
+        """Whether a request that arrived before the sizes shrank may still run (`heavier_before`)."""
+        shrunk = self._shrunk
+        return shrunk is not None and self._oldest_s is not None and self._oldest_s < shrunk[0]
 
     def _jumped(self, moved_baseline: float) -> bool:
         """Whether the apparent baseline moved from the last reading's by more than it usually does
