@@ -216,7 +216,8 @@ def compare(
     if limits is None:
         # Drawn sizes: a byte budget that knows each one, counted in GiB, with the card's whole room.
         room_gib = (scenario.total_bytes - scenario.weights_bytes) // GiB
-        oracle = one_run(scenario, Fixed(room_gib), load, duration_s, seed, cost=in_gib, max_limit=in_whole_gib(scenario))
+        budget = Fixed(room_gib)
+        oracle = one_run(scenario, budget, load, duration_s, seed, cost=in_gib, max_limit=in_whole_gib(scenario))
     else:
         oracle = one_run(scenario, Oracle([(at * duration_s, n) for at, n in limits]), load, duration_s, seed)
     rows.append(row("oracle", oracle))

@@ -429,8 +429,8 @@ class AIMD(_Bounds):
         until = self._until_reading
         if until is not None and until == self._wanted()[0] and self._until_reading_bound == bound:
             if bound == "memory":
-                held = f"{until} till one of ours frees its bytes"
-                return f"memory: the others rose into a full card: {held}; {figures}"
+                until_freed = f"{until} till one of ours frees its bytes"
+                return f"memory: the others rose into a full card: {until_freed}; {figures}"
             return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())
