@@ -77,21 +77,20 @@ class OracleMiddleware:
         self.world = world
         world.oracle = self
         self.counting = all(isinstance(phase.request_bytes, Size) for phase in world.scenario.phases)
-        self.limiter = Limiter(self._limit(world.scenario.phases[0]), max_queue=2**20)
-
-    def _limit(self, phase: Phase) -> int:
-        room_bytes = self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
-        if self.counting:
-            assert isinstance(phase.request_bytes, Size)
-            return max(1, room_bytes // phase.request_bytes.nbytes)
-        return max(1, room_bytes // GiB)
+        self.limiter = Limiter(1, max_queue=2**20)
+        self.resize(world.scenario.phases[0])
 
     @property
     def limit(self) -> float:
         return self.limiter.limit if self.counting else math.nan
 
     def resize(self, phase: Phase) -> None:
-        self.limiter.set_limit(self._limit(phase), time.monotonic())
+        room_bytes = self.world.scenario.total_bytes - self.world.scenario.weights_bytes - phase.neighbour_bytes
+        if self.counting:
+            assert isinstance(phase.request_bytes, Size)
+            self.limiter.set_limit(max(1, room_bytes // phase.request_bytes.nbytes), time.monotonic())
+        else:
+            set_room(self.limiter, room_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
@@ -125,8 +124,7 @@ class ReaderMiddleware:
     def read(self) -> None:
         scenario, gpu = self.world.scenario, self.world.gpu
         room_bytes = scenario.total_bytes - scenario.weights_bytes - gpu.neighbour_bytes
-        room_gib = room_bytes / GiB  # not floored to whole GiB: on a small card that leaves a request out
-        self.limiter.set_limit(max(1, math.floor(room_gib)), time.monotonic(), budget=room_gib)
+        set_room(self.limiter, room_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFER_PATHS:
@@ -138,6 +136,13 @@ class ReaderMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.limiter.release(units, now_s=time.monotonic())
+
+
+def set_room(limiter: Limiter, room_bytes: int) -> None:
+    """A byte budget counted in GiB, to the byte: floored to whole GiB, it left a request of the fit
+    out on a small card."""
+    room_gib = room_bytes / GiB
+    limiter.set_limit(max(1, math.floor(room_gib)), time.monotonic(), budget=room_gib)
 
 
 def header(scope: Scope, name: bytes) -> str:

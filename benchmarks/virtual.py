@@ -75,29 +75,37 @@ class Oracle(Fixed):
         return {"controller": "oracle", "bound": "controller"}
 
 
-class Reader(Fixed):
-    """A byte budget in GiB (requests weigh their size, `in_gib`), resized at each reading to the room
-    the card has beside the others' bytes: the reading less the exact bytes our requests hold then
-    (the weights and what the neighbour holds, read off the simulated card). The room is not floored
-    to whole GiB (`budget`): on a small card that would leave a request of the fit out."""
+class ByteBudget(Fixed):
+    """A byte budget of `room_gib` GiB (requests weigh their size, `in_gib`), to the byte: its limit
+    is the whole GiB, its budget the part of one beyond (floored, it left a request of the fit out
+    on a small card)."""
+
+    def __init__(self, room_gib: float) -> None:
+        super().__init__(max(1, math.floor(room_gib + 1e-9)))
+        self.room_gib = room_gib
+
+    @property
+    def budget(self) -> float:
+        return max(float(self._limit), self.room_gib)
+
+
+class Reader(ByteBudget):
+    """A byte budget resized at each reading to the room the card has beside the others' bytes: the
+    reading less the exact bytes our requests hold then (the weights and what the neighbour holds,
+    read off the simulated card)."""
 
     def __init__(self, gpu: SimulatedGPU, weights_bytes: int) -> None:
-        super().__init__(1)
+        super().__init__(1.0)
         self.gpu, self.weights_bytes = gpu, weights_bytes
-        self._room_gib = 1.0
 
     @property
     def reason(self) -> str:
         return "reader"
 
-    @property
-    def budget(self) -> float:
-        return max(float(self._limit), self._room_gib)
-
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         others_bytes = self.weights_bytes + self.gpu.neighbour_bytes
-        self._room_gib = (sample.total_bytes - others_bytes) / GiB
-        self._limit = self._clamp(math.floor(self._room_gib + 1e-9))
+        self.room_gib = (sample.total_bytes - others_bytes) / GiB
+        self._limit = self._clamp(math.floor(self.room_gib + 1e-9))
 
     def describe(self) -> dict[str, Any]:
         return {"controller": "reader", "bound": "controller"}
@@ -215,8 +223,7 @@ def compare(
     limits = oracle_limits(scenario)
     if limits is None:
         # Drawn sizes: a byte budget that knows each one, counted in GiB, with the card's whole room.
-        room_gib = (scenario.total_bytes - scenario.weights_bytes) // GiB
-        budget = Fixed(room_gib)
+        budget = ByteBudget((scenario.total_bytes - scenario.weights_bytes) / GiB)
         oracle = one_run(scenario, budget, load, duration_s, seed, cost=in_gib, max_limit=in_whole_gib(scenario))
     else:
         oracle = one_run(scenario, Oracle([(at * duration_s, n) for at, n in limits]), load, duration_s, seed)

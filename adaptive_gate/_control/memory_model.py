@@ -309,7 +309,8 @@ class MemoryModel:
         # The others' bytes before a rise that the next reading has yet to confirm: the one it read
         # (a rise the own count read is the others', whatever the count in flight says next).
         before = self._baseline if self._rise is None else self._rise[0]
-        if self._ours is not None and self._own_agrees and used - self._ours > before + noise_bytes:
+        own_others = used - self._ours if self._ours is not None and self._own_agrees else None
+        if own_others is not None and own_others > before + noise_bytes:
             # The others rose, by the process's own count: believed at least as far as it says, where
             # the count in flight hides it (a neighbour took the room of requests that finished, and
             # those admitted into it failed to allocate: they hold nothing, and count as in flight
@@ -317,7 +318,7 @@ class MemoryModel:
             # hold nothing and the count in flight reads the rise as gone (it was then taught as
             # our requests' size: 3.9 GiB a request where 3 are, and a limit of three beside room
             # for five after the neighbour left).
-            moved_baseline = max(moved_baseline, used - self._ours)
+            moved_baseline = max(moved_baseline, own_others)
         jumped = self._jumped(moved_baseline)
         rise, self._rise = self._rise, None
         if rise is not None and moved_baseline <= rise[0] + noise_bytes:
@@ -333,7 +334,6 @@ class MemoryModel:
             return
         if rise is not None and rise[5]:
             self._changed()  # a rise that lasts, and came as a jump: the card changed
-        own_others = used - self._ours if self._ours is not None and self._own_agrees else None
         rose = moved_baseline > self._baseline + noise_bytes
         if rose and own_others is not None and own_others <= before + noise_bytes and not self._old_sizes_may_run():
             # The process's own count, believed, reads the others where they were: the rise is ours,
