@@ -262,6 +262,38 @@ def test_requests_that_joined_the_line_before_the_sizes_shrank_weigh_the_old_siz
     assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
 
 
+def test_the_reading_that_finds_the_sizes_shrank_weighs_the_line_before_the_limit_rises() -> None:
+    """The reading that says the sizes shrank raises the limit as well (a slot is the smaller size
+    now). The line's requests from before are weighed at the old size first: granted at one slot by
+    the new limit before they were, one from before ran out of memory beside the new ones."""
+
+    class Shrinks(Fixed):
+        def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+            self._limit = 4
+
+        def heavier_before(self) -> tuple[float, float] | None:
+            return (2.0, 4.0) if self._limit == 4 else None
+
+    core = GateCore(Shrinks(1), min_limit=1, max_limit=4, initial_limit=1, max_queue=8, max_retry_after_s=60)
+    running = core.enter(30.0, 1, None, arrived_s=2.5, now_s=2.5)
+    old = core.arrive(30.0, now_s=1.0)
+    new = core.arrive(30.0, now_s=2.6)
+    assert running is not None and isinstance(old, Waiter) and isinstance(new, Waiter)
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.0)
+    assert core.limiter.limit == 4
+    assert old.units == 4.0 and not old.granted  # four slots of the old size, where three are free
+    assert not new.granted  # nobody overtakes it
+    core.release(running, 3.5, Outcome.COMPLETED)
+    assert old.granted
+    units, heavier = core.granted(old)
+    assert (units, heavier) == (4.0, 3.0)
+    ticket = core.admitted(3.5, 2.5, units, None, 1, heavier)
+    core.release(ticket, 4.0, Outcome.COMPLETED)
+    assert new.granted and core.granted(new) == (1.0, 0.0)
+    core.release(core.admitted(4.0, 1.4), 4.1, Outcome.COMPLETED)
+    assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
+
+
 def test_an_oom_tells_the_controller_what_stays_in_flight_and_no_waiter_takes_its_slot() -> None:
     """Before the failed request's slot goes back: the controller hears what stays in flight once it
     has left (`after_oom`), so a waiter does not take the slot before the next reading, whichever

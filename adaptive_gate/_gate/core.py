@@ -421,9 +421,11 @@ class GateCore(CoreSnapshot):
             in_flight = max(0.0, then.units - self._heavier_in_flight)
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
         self._count_swallowed_ooms(sample, now_s)
-        self._apply_limit(now_s)
         if self._heavier_before is not None and len(self.requests_by_route) <= 1:
+            # Before the limit: the reading that finds the sizes shrank raises it too, and a request
+            # from before, granted one slot by it, ran out of memory beside the new ones.
             self._reweigh_line(now_s, self._heavier_before())
+        self._apply_limit(now_s)
 
     def _others_bytes(self) -> float | None:
         """The others' bytes (weights, neighbours) as the controller's memory model holds them, or None."""
