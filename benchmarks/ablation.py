@@ -3,7 +3,7 @@
 A rule earns its place where some scenario needs it: without it, adaptive falls below the targets
 (0.95 of the reader's goodput, at most the reader's OOMs plus one per change of the card) where it
 met them. Every scenario of `benchmarks.virtual`, both loads, the draws of `benchmarks.unseen`
-named in `UNSEEN`, and the scenarios in `UNOWNED` read without the process's own count, virtual
+named in `UNSEEN`, the scenarios in `BEYOND`, and those in `UNOWNED` read without the process's own count, virtual
 time, one seed: the full controller against the same controller with one
 rule taken out, and the reader beside them.
 """
@@ -21,8 +21,8 @@ from adaptive_gate._control.oom_states import FIT_SLACK, ROOM_MARGIN, OomStates
 from adaptive_gate.control import AIMD, MemoryModel
 
 from .environment import environment
-from .model import Scenario
-from .scenarios import SCENARIOS
+from .model import GiB, Scenario, Size
+from .scenarios import SCENARIOS, middle_third
 from .unseen import of_family
 from .virtual import PLAN, Row, one_run, reader_run, row
 
@@ -104,6 +104,28 @@ def any_pair_shrinks() -> AIMD:
     return AIMD(memory=_AnyPairShrinks())
 
 
+class _QuarterSteps(MemoryModel):
+    def _shrink_confirmed(self, used: float) -> bool:
+        return False
+
+
+class _WholeStepsOnAFullCard(MemoryModel):
+    def _shrink_confirmed(self, used: float) -> bool:
+        return super()._shrink_confirmed(0.0)  # as if the card had room
+
+
+def whole_steps_on_a_full_card() -> AIMD:
+    """A shrink the next pair of readings confirms is taken whole on a full card too, where requests
+    that hold nothing are those that failed to allocate, their OOMs not told yet."""
+    return AIMD(memory=_WholeStepsOnAFullCard())
+
+
+def quarter_steps() -> AIMD:
+    """Requests that hold less come down a quarter of the way at each pair of readings that says so,
+    also at the pair right after one that did: inputs that shrank to a seventh took seconds to be believed."""
+    return AIMD(memory=_QuarterSteps())
+
+
 class _WholeRequestMargin(OomStates):
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:  # type: ignore[override]
         level, room_then, _, until_s = state[:4]
@@ -167,19 +189,38 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
     "any pair a shrink": any_pair_shrinks,
+    "a quarter a step": quarter_steps,
+    "whole steps on a full card": whole_steps_on_a_full_card,
     "mean size": mean_size,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
 # our requests free on a card that holds many of them, where those admitted into it fail to allocate;
 # a neighbour that stays while inputs grow (their level runs out at an exact fit) and then leaves,
-# and a neighbour that comes to a full card.
+# a neighbour that comes to a full card, and inputs that shrink to a seventh, read every quarter second.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
     ("many", 49, "closed-32"),
     ("compound", 72, "2x"),
     ("compound", 89, "2x"),
+    ("readings", 29, "2x"),
+]
+# Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
+# five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s).
+BEYOND: list[tuple[Scenario, str]] = [
+    (
+        Scenario(
+            "nearly-all (141 GiB card)",
+            "141 GiB card, 89.9 GiB of weights, about 5 fit, 2 s a request, OOMs do not crash",
+            middle_third(Size(9546517022), 40560246209),
+            total_bytes=141 * GiB,
+            weights_bytes=96517575442,
+            work_s=2.0,
+            capacity_per_s=2.5,
+        ),
+        "2x",
+    ),
 ]
 # Scenarios run once more with a probe that does not tell the process's own bytes (NVML alone, or a
 # model outside PyTorch's allocator), where the rules that read OOMs stand in for that count.
@@ -220,6 +261,7 @@ def main() -> None:
         scenario = of_family(seed, family)
         named = replace(scenario, name=f"{scenario.name} (unseen, {family})")
         table.append(ablate(named, load, args.duration, args.seed))
+    table.extend(ablate(scenario, load, args.duration, args.seed) for scenario, load in BEYOND)
     for name in UNOWNED:
         named = replace(SCENARIOS[name], name=f"{name} (no own count)")
         table.extend(ablate(named, load, args.duration, args.seed, own=False) for load in PLAN[name])

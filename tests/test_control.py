@@ -642,6 +642,59 @@ def test_a_shrink_read_in_steps_weighs_the_line_at_the_size_its_first_step_came_
     assert later[1] == pytest.approx(6 * GiB / c.describe()["memory_model"]["per_request_bytes"], rel=0.01)
 
 
+def test_a_shrink_the_next_pair_of_readings_confirms_is_believed_whole() -> None:
+    """Inputs shrink from 6 GiB to 1. Two readings in a row take a first step, a quarter of the way
+    (two may be slots caught between a request's admission and its allocation); the next two, which
+    say the same, the rest. A quarter at a time, inputs that shrank to a seventh took seven seconds
+    to be believed, and the gate served 0.92 of the reader. A pair that a reading at the old size
+    interrupts is a first step again."""
+
+    def read(c: AIMD, now_s: float, size_gib: float) -> float:
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + 2 * size_gib) * GiB), TOTAL), in_flight=2)
+        return now_s
+
+    def per_request_gib(c: AIMD) -> float:
+        return float(c.describe()["memory_model"]["per_request_bytes"] / GiB)
+
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=6, levels=(1, 2) + (2,) * 12)
+    for _ in range(2):
+        now_s = read(c, now_s, 1)
+    assert per_request_gib(c) == pytest.approx(6 - 5 / 4)
+    for _ in range(2):
+        now_s = read(c, now_s, 1)
+    assert per_request_gib(c) == pytest.approx(1)
+    assert c.memory.cap() == 16
+
+    interrupted = AIMD()
+    bound(interrupted, initial=1)
+    now_s = learned(interrupted, request_gib=6, levels=(1, 2) + (2,) * 12)
+    for size_gib in (1, 1, 6, 1, 1):
+        now_s = read(interrupted, now_s, size_gib)
+    assert per_request_gib(interrupted) > 3
+
+
+def test_on_a_full_card_requests_that_hold_less_are_believed_a_quarter_at_a_time() -> None:
+    """Four 4 GiB requests fill the card beside 8 GiB of others; then five in flight read at the full
+    card, six readings in a row: the fifth holds nothing, because it failed to allocate and its OOM
+    is not told yet (a neighbour that came to a full card took its room). Read as requests that
+    shrank, a whole step let in another that failed in turn; on a full card each pair moves the size
+    a quarter of the way, as a first step does."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=4, levels=(1, 2, 4) + (4,) * 12)
+    assert c.memory.cap() == 4
+    for _ in range(6):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(TOTAL, TOTAL), in_flight=5)
+    assert c.describe()["memory_model"]["per_request_bytes"] > 3.4 * GiB  # taken whole: 3.2
+    assert c.memory.cap() == 4
+
+
 def test_no_line_is_drawn_through_readings_of_a_request_from_before_the_sizes_shrank() -> None:
     """After the sizes shrank from 6 GiB to 3, one request of 6 that joined the line before runs
     beside two, three or four of the new ones. A line through those readings puts the others at

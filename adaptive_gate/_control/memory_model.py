@@ -164,6 +164,7 @@ class MemoryModel:
         # want more (a neighbour that arrived on a full card takes each byte we free).
         self.pressed = False
         self._served_since = False  # whether a request of ours finished since the last reading
+        self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
 
     @property
     def learning(self) -> bool:
@@ -439,6 +440,7 @@ class MemoryModel:
             shrunk = self._shrunk
             before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
+            whole = self._shrink_confirmed(used) and shrunk is not None and not mix
             self._sizes_changed()
             if shrunk is not None and (before is None or before <= (1 + MIX_SPREAD) * shrunk[2]):
                 # A later step keeps the size its first step came from, and the first step's record,
@@ -454,9 +456,20 @@ class MemoryModel:
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
             share = (used - floor) / in_flight
-            self._per_request += SHARE_SHRUNK * (share - self._per_request)
+            self._per_request += (1.0 if whole else SHARE_SHRUNK) * (share - self._per_request)
             self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
             self._add_share(share, in_flight)
+
+    def _shrink_confirmed(self, used: float) -> bool:
+        """Whether this step of a shrink comes at the very next pair of readings after the last, on a
+        card with room: then it is taken whole (four readings in a row say so, and no slot caught
+        between a request's admission and its allocation lasts that long), not a quarter of the way
+        (inputs that shrank to a seventh took seven seconds to be believed). Not on a full card: there,
+        requests that hold nothing are those that failed to allocate, their OOMs not told yet (beside a
+        neighbour that came to a full card, each whole step let in another that ran out)."""
+        last_step, self._shrink_step_at = self._shrink_step_at, self.samples
+        roomy = self._total_bytes - used >= MIN_REQUEST_FRACTION * self._total_bytes
+        return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
 
     def _others_read(self, relieved: float, reads: list[float]) -> float | None:
         """The others' bytes as the process's own count read them at each reading of a fall (the
