@@ -466,7 +466,8 @@ class MemoryModel:
         between a request's admission and its allocation lasts that long), not a quarter of the way
         (inputs that shrank to a seventh took seven seconds to be believed). Not on a full card: there,
         requests that hold nothing are those that failed to allocate, their OOMs not told yet (beside a
-        neighbour that came to a full card, each whole step let in another that ran out)."""
+        neighbour that came to a full card, each whole step let in another that ran out). Called at
+        every step, first: it records the reading of this one."""
         last_step, self._shrink_step_at = self._shrink_step_at, self.samples
         roomy = self._total_bytes - used >= MIN_REQUEST_FRACTION * self._total_bytes
         return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
