@@ -676,6 +676,20 @@ def test_a_shrink_the_next_pair_of_readings_confirms_is_believed_whole() -> None
         now_s = read(interrupted, now_s, size_gib)
     assert per_request_gib(interrupted) > 3
 
+    # Nor while a request that arrived before the first step runs: it was let in at a weight of the
+    # size between steps, and taken whole, the limit let others in beside it (in real time, OOMs).
+    old_runs = AIMD()
+    bound(old_runs, initial=1)
+    now_s = learned(old_runs, request_gib=6, levels=(1, 2) + (2,) * 12)
+    first_s = now_s
+    for _ in range(2):
+        now_s = read(old_runs, now_s, 1)
+    for _ in range(2):
+        now_s += 0.1
+        old_runs.oldest_in_flight(first_s - 1.0)
+        old_runs.on_sample(now_s=now_s, sample=MemorySample(10 * GiB, TOTAL), in_flight=2)
+    assert per_request_gib(old_runs) > 3
+
 
 def test_on_a_full_card_requests_that_hold_less_are_believed_a_quarter_at_a_time() -> None:
     """Four 4 GiB requests fill the card beside 8 GiB of others; then five in flight read at the full

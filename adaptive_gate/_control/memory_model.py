@@ -440,7 +440,7 @@ class MemoryModel:
             shrunk = self._shrunk
             before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
-            whole = self._shrink_confirmed(used) and shrunk is not None and not mix
+            whole = self._shrink_confirmed(used) and shrunk is not None and not mix and not self._old_sizes_may_run()
             self._sizes_changed()
             if shrunk is not None and (before is None or before <= (1 + MIX_SPREAD) * shrunk[2]):
                 # A later step keeps the size its first step came from, and the first step's record,
