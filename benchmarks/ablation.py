@@ -105,13 +105,13 @@ def any_pair_shrinks() -> AIMD:
 
 
 class _QuarterSteps(MemoryModel):
-    def _shrink_confirmed(self, used: float) -> bool:
+    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
         return False
 
 
 class _WholeStepsOnAFullCard(MemoryModel):
-    def _shrink_confirmed(self, used: float) -> bool:
-        return super()._shrink_confirmed(0.0)  # as if the card had room
+    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
+        return super()._shrink_confirmed(0.0, last_step)  # as if the card had room
 
 
 def whole_steps_on_a_full_card() -> AIMD:

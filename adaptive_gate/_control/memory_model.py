@@ -440,7 +440,9 @@ class MemoryModel:
             shrunk = self._shrunk
             before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
-            whole = self._shrink_confirmed(used) and shrunk is not None and not mix and not self._old_sizes_may_run()
+            last_step, self._shrink_step_at = self._shrink_step_at, self.samples
+            confirmed = self._shrink_confirmed(used, last_step)
+            whole = confirmed and shrunk is not None and not mix and not self._old_sizes_may_run()
             self._sizes_changed()
             if shrunk is not None and (before is None or before <= (1 + MIX_SPREAD) * shrunk[2]):
                 # A later step keeps the size its first step came from, and the first step's record,
@@ -460,15 +462,14 @@ class MemoryModel:
             self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
             self._add_share(share, in_flight)
 
-    def _shrink_confirmed(self, used: float) -> bool:
-        """Whether this step of a shrink comes at the very next pair of readings after the last, on a
-        card with room: then it is taken whole (four readings in a row say so, and no slot caught
-        between a request's admission and its allocation lasts that long), not a quarter of the way
-        (inputs that shrank to a seventh took seven seconds to be believed). Not on a full card: there,
-        requests that hold nothing are those that failed to allocate, their OOMs not told yet (beside a
-        neighbour that came to a full card, each whole step let in another that ran out). Called at
-        every step, first: it records the reading of this one."""
-        last_step, self._shrink_step_at = self._shrink_step_at, self.samples
+    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
+        """Whether this step of a shrink comes at the very next pair of readings after the last (taken
+        at reading `last_step`), on a card with room: then it is taken whole (four readings in a row say
+        so, and no slot caught between a request's admission and its allocation lasts that long), not a
+        quarter of the way (inputs that shrank to a seventh took seven seconds to be believed). Not on a
+        full card: there, requests that hold nothing are those that failed to allocate, their OOMs not
+        told yet (beside a neighbour that came to a full card, each whole step let in another that ran
+        out)."""
         roomy = self._total_bytes - used >= MIN_REQUEST_FRACTION * self._total_bytes
         return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
 
