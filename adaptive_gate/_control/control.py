@@ -1,22 +1,13 @@
 """Controllers: how many gated requests may run at once, learned from what the gate observes.
 
-A controller is arithmetic on events. It never reads a clock, sleeps or does I/O: the gate feeds it
-what happened (a request finished after so many seconds, an out-of-memory error, a memory sample
-taken with so many requests in flight) together with the time, and reads `limit` back. This is what
-lets the simulator in the tests replay hours of traffic in a fraction of a second, exactly.
+A controller is arithmetic on events: the gate feeds it what happened (a request finished, an OOM,
+a memory sample with so many in flight) with the time, and reads `limit` back. No clock, no sleep,
+no I/O: the simulator replays hours of traffic through it exactly.
 
-`AIMD`, the default, has two regimes:
-
-* where a probe reads memory, the limit is what one model of the card says fits
-  (`memory_model.MemoryModel`): the others' bytes, our requests' bytes, and the levels OOMs showed
-  not to fit in the room the card had then. Nothing else holds it lower;
-* where memory is not read (or our requests hold next to nothing on the card), additive increase
-  and multiplicative decrease on OOMs: +1 per window of `limit` successes while demand waits
-  (doubling per window until the first cut), halved on an OOM, and the level that ran out not tried
-  again for a while.
-
-Latency is not used: on a GPU it is flat until the memory runs out, and where it moves it moves as
-often with the event loop and the machine's other work as with concurrency.
+`AIMD`, the default: where a probe reads memory, the limit is what one model of the card says fits
+(`memory_model.MemoryModel`), and nothing else holds it lower; where memory is not read, additive
+increase and multiplicative decrease on OOMs. Latency is not used: on a GPU it is flat until the
+memory runs out, and where it moves it moves as often with the event loop as with concurrency.
 """
 
 from __future__ import annotations
@@ -42,11 +33,8 @@ MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is 
 class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
     where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
-    `allocation_failed(nbytes, units)`, `after_oom(in_flight)` (the slots still in flight once an
-    OOM's request left), `oldest_in_flight(arrived_s)` (before each reading: when the
-    oldest request in flight arrived; None when none runs, or where several routes are gated), and
-    the property `budget` (the slots requests that weigh fractions of one may fill, from the limit
-    to under the next whole slot)."""
+    `allocation_failed(nbytes, units)`, `after_oom(in_flight)`, `oldest_in_flight(arrived_s)`,
+    `heavier_before()` and the property `budget` (see `AIMD`'s, which has them all)."""
 
     @property
     def limit(self) -> int: ...
@@ -199,11 +187,9 @@ class AIMD(_Bounds):
 
     @property
     def budget(self) -> float:
-        """Optional in the protocol: the slots requests that weigh fractions of one may fill. Where
-        the model sets the limit (one size per slot), the room it reads, 4.7 slots where the limit
-        shows 4: with route weights a slot is the mean request, and a floor to whole ones left up to
-        one of them idle. Under an OOM's bar, up to under the slots that ran out (6.75 where the bar
-        is at 7). Elsewhere the limit."""
+        """Optional in the protocol: the slots requests that weigh fractions of one may fill. Where the
+        model sets the limit, the room it reads (4.7 where the limit shows 4: a floor to whole slots
+        leaves part of one idle); under an OOM's bar, up to under the slots that ran out; else the limit."""
         room = self.memory.room()
         if room is None or self.memory.is_mix():
             return float(self._limit)
@@ -255,18 +241,14 @@ class AIMD(_Bounds):
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
             mix = self.memory.is_mix()
             if epoch is not None and epoch < self._epoch:
-                # Admitted before the last correction: the same pile-up, corrected already. The slots
-                # its OOMs free wait for the next reading (`after_oom`), which reads the card without
-                # them: what took their room shows then.
+                # Admitted before the last correction: the same pile-up, corrected already.
                 return
             if placed and mix:
                 self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
             elif not learned:
-                # The model said `level` fitted in the room the card had: it did not. That room and
-                # the level are kept; the limit goes below the level until the card reads roomier.
-                # Weaker evidence is kept for a short while: an OOM the app caught itself, or one
-                # that its own request's size explains (a large one left from before the sizes
-                # shrank), which says little of how many of the model's requests fit.
+                # The model said `level` fitted in the room the card had: it did not. Kept, with that
+                # room, until the card reads roomier; briefly where the evidence is weaker (the app's
+                # own OOM, or one its own request's size explains).
                 placed, load = placed and not stray, max(in_flight, level - 1)
                 self.memory.ooms.record(now_s, level, self.memory.room(), placed=placed, load=load)
             self._epoch += 1
@@ -296,31 +278,24 @@ class AIMD(_Bounds):
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         if self.memory.pressed and in_flight >= 1:
             # The others rose into a full card: whatever our requests free may be theirs. A slot less
-            # till a reading after one of ours finished (`MemoryModel.pressed`), so that the next
-            # request does not allocate into room they have taken (a neighbour that came to a card
-            # nine requests filled took the room of the first to finish, and the one admitted into it
-            # ran out: with a crash, 1 s lost).
+            # till a reading after one of ours finished (`MemoryModel.pressed`).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
             self._until_reading_bound = "memory"
         self._update("memory", at_most=self._most_after_reading(now_s))
 
     def _most_after_reading(self, now_s: float) -> int | None:
-        """Up at most twofold a reading: the first readings are of few requests, and in a mix of
-        sizes one small one read alone sized the card for ten, and ten ran out of memory at once.
-        Twofold per `DOUBLING_S` where readings are further apart: at half a second a reading, a
-        neighbour that left took two more seconds to give its room back."""
+        """Up at most twofold a reading (twofold per `DOUBLING_S` where readings are further apart): the
+        first readings are of few requests, and one small request of a mix read alone sizes the card
+        for many."""
         since_s, self._last_reading_s = now_s - self._last_reading_s, now_s
-        # Whole periods: a reading the event loop delayed a little is one reading. 8 at most, after
-        # a pause of seconds; the first reading has no time since the last.
+        # Whole periods (a reading the loop delayed a little is one); 8 at most; the first has none.
         periods = math.floor(since_s / DOUBLING_S + 1e-6) if math.isfinite(since_s) else 1
         return self._limit << max(1, min(periods, 8))
 
     def after_oom(self, in_flight: float) -> None:
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
-        request has left. Where memory is read, the limit is at most that until the next reading: the
-        room the failed request did not get was taken by something the model has not read yet (a
-        neighbour that takes what our requests free grows between readings), and a slot refilled at
-        once ran out of memory again, one for each of a pile-up's OOMs."""
+        request has left. Where memory is read, the limit is at most that until the next reading: what
+        took the failed request's room has not been read yet, and a slot refilled at once runs out too."""
         if not self._reads_memory() or self.memory.is_mix():
             return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
@@ -329,10 +304,9 @@ class AIMD(_Bounds):
         self._update("out of memory", at_most=self._limit)
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
-        """Optional in the protocol, called before `on_oom`: the OOM of a request of `units` named
-        the allocation of `nbytes` that failed. True where it never fits (`too_large`: no `on_oom`
-        follows). Else the `on_oom` that follows teaches the model its size (`MemoryModel.learn_size`),
-        and bars no level where that size alone explains it."""
+        """Optional in the protocol, before `on_oom`: the OOM of a request of `units` named the
+        allocation of `nbytes`. True where it never fits (`too_large`: no `on_oom` follows); else the
+        `on_oom` that follows teaches the model its size (`MemoryModel.learn_size`)."""
         if self.memory.never_fits(nbytes):
             return True
         self._allocation = (nbytes, units)  # for the `on_oom` that follows, which carries the time
@@ -340,21 +314,17 @@ class AIMD(_Bounds):
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """Optional in the protocol, before each reading: when the oldest request in flight arrived
-        (None: none runs, or several routes are gated, where a slot's bytes are the weights'). The
-        model keeps a size an OOM named until every request it reads came after that OOM
-        (`MemoryModel.oldest_in_flight`)."""
+        (None: none runs, or several routes are gated). See `MemoryModel.oldest_in_flight`."""
         self.memory.oldest_in_flight(arrived_s)
 
     def heavier_before(self) -> tuple[float, float] | None:
-        """Optional in the protocol, after each reading: where the requests' sizes shrank, when the
-        oldest request read at the new size arrived, and how many slots a request that joined the line
-        before then weighs (`MemoryModel.heavier_before`); None where they did not."""
+        """Optional in the protocol, after each reading: where the sizes shrank, since when, and how many
+        slots a request that joined the line before then weighs (`MemoryModel.heavier_before`)."""
         return self.memory.heavier_before()
 
     def units_changed(self) -> None:
-        """The gate weighs its routes anew (`GateCore.weigh`): a slot now means another share of a
-        request. The memory model's line was drawn, and its OOMs' levels counted, in the old slots;
-        its estimates carry over (a change of weights keeps the scale: a slot holds the bytes it held)."""
+        """The gate weighs its routes anew (`GateCore.weigh`): a slot means another share of a request
+        (`MemoryModel.units_changed`)."""
         self.memory.units_changed()
 
     def describe(self) -> dict[str, Any]:

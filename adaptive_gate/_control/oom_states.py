@@ -11,23 +11,17 @@ import math
 
 __all__ = ["FIT_SLACK", "ROOM_MARGIN", "OomStates"]
 
-# Room within this share of a request of a level is room for it: the others' bytes and a request's
-# are each estimated from readings, and at an exact fit (three requests with nothing to spare) an
-# error of a few MiB between them read as room for 2.999, and the limit sat at two.
+# Room within this share of a request of a level is room for it: at an exact fit, estimates a few MiB
+# apart read as room for 2.999.
 FIT_SLACK = 0.01
-
-
-# How much roomier (in requests) the card must read than at an OOM before its level is tried again.
-ROOM_MARGIN = 1.0  # half a request let two gates on one card, each the other's neighbour, run out by turns
-# How long after an OOM the readings still describe the card it happened on; the first reading after
-# it does in any case: with a sampler of half a second, the neighbour's arrival that caused it came
-# later, and its level stayed barred, in the room read before the neighbour came, after it left.
+# How much roomier (in requests) the card must read than at an OOM before its level is tried again:
+# less let two gates on one card, each the other's neighbour, run out by turns.
+ROOM_MARGIN = 1.0
+# How long after an OOM the readings still describe the card it happened on (and the first after it).
 OOM_STATE_S = 0.25
 MAX_STATES = 16
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
-# One the app caught (the probe's count: cuDNN counts its own tries too), or one its own request's
-# size explains: held a few readings' worth of seconds, not the ten that once kept a limit four
-# where seven fitted, after the pile-ups met while route weights were being learned.
+# One the app caught (cuDNN counts its own tries too), or one its own request's size explains.
 WEAK_MEMORY_S = 3.0
 
 
@@ -37,10 +31,8 @@ class OomStates:
     Each bars its level and above while the card reads no roomier than then (within `ROOM_MARGIN`
     of a request). The room is the tightest read within `OOM_STATE_S` after it, and at the first
     reading after it in any case: the reading that shows a neighbour's arrival may come after the
-    OOM it caused, and then the model itself explains the OOM and the bar adds nothing. An OOM the
-    gate did not see itself (`placed=False`) is weaker evidence and is forgotten sooner; none is kept
-    past `PLACED_MEMORY_S`, so that even a misread one costs one OOM every two minutes, not the level
-    for good.
+    OOM it caused. An OOM the gate did not see itself (`placed=False`) is forgotten sooner; none is
+    kept past `PLACED_MEMORY_S`: a misread one costs one OOM every two minutes, not the level for good.
     """
 
     def __init__(self) -> None:
@@ -97,19 +89,12 @@ class OomStates:
         self._states.clear()
 
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:
-        """Whether an OOM's state still bars its level with `room` for so many requests now. Where the
-        readings after it explained it (the room then was less than its level: a neighbour came), it
-        bars its level until the model says the level fits again: a neighbour smaller than a request
-        leaves less than `ROOM_MARGIN` to come back. Where the level fitted by the slack alone (room for
-        20.99 taken for 21), the model was right and its slack was not: barred, not tried again at every
-        request's end, until the level fits without the slack (a leak that ran out four at room for
-        3.998, and freed two thirds of a request, waited two minutes for a whole one). Where the model
-        said it fitted outright, and it did not, the card must read `ROOM_MARGIN` roomier than then.
-        Where the model has since learned that a request holds more than it believed then, the room
-        then is counted in requests of the size believed now: readings of a request that had failed to
-        allocate, and held nothing, took a request for 4% smaller, an OOM came at room for 9.36 of
-        them, and after the neighbour that caused it left, room for 9.24 of the size learned again
-        kept nine barred for two minutes where nine fitted."""
+        """Whether an OOM's state still bars its level with `room` for so many requests now:
+        * the readings after it explained it (room then under the level: a neighbour came): until the
+          model says the level fits again;
+        * the level fitted by the slack alone (room for 20.99 taken for 21): until it fits without it;
+        * the model said it fitted outright: until the card reads `ROOM_MARGIN` roomier than then.
+        The room then is counted in requests of the size believed now, where that is larger."""
         level, room_then, _, until_s = state[:4]
         if now_s >= until_s:
             return False

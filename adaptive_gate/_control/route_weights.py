@@ -1,17 +1,12 @@
 """How much more one route's requests hold on the card than another's, learned from readings.
 
 Without `cost` every request weighs one slot, so a route whose requests hold four times the bytes
-of another's counts as one of them: the memory cap, in requests, then either plans for the heavy
-ones everywhere or is surprised by them. A reading is one number for everything in flight, but
-the mix of routes in flight varies from reading to reading (arrivals are random), so a
-least-squares fit of the used bytes against each route's requests in flight tells each route's
-bytes per request (per unit of `cost`, where given). A route's weight is its bytes per request
-over the mean request's (the traffic's at the first fit; later fits move routes against each
-other and keep that scale): the limit keeps counting typical requests, and a request takes as
-many of them as it holds memory.
-
-Arithmetic on observations, the time passed in by the caller's order of events: the simulator
-replays it exactly.
+of another's counts as one of them. A reading is one number for everything in flight, but the mix
+of routes in flight varies from reading to reading, so a least-squares fit of the used bytes
+against each route's requests in flight tells each route's bytes per request (per unit of `cost`).
+A route's weight is its bytes over the mean request's (the traffic's at the first fit; later fits
+keep that scale): the limit keeps counting typical requests, and a request takes as many of them
+as it holds memory. Arithmetic on observations: the simulator replays it exactly.
 """
 
 from __future__ import annotations
@@ -32,12 +27,7 @@ SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean re
 
 class RouteWeights:
     """The weight learned for one request (one unit of cost) of each route, from readings of the
-    card beside the slots each route's requests held then.
-
-    The core keeps the requests in flight per route (`GateCore.requests_by_route`, two dict
-    operations a request) and hands them in with each reading (`reading`); all the arithmetic
-    happens here, per reading.
-    """
+    card beside the slots each route's requests held then (`reading`, once per reading)."""
 
     def __init__(self, *, window: int = WINDOW_READINGS) -> None:
         if window < MIN_READINGS:
@@ -90,9 +80,7 @@ class RouteWeights:
         now_s: float = -math.inf,
     ) -> bool:
         """`observe`, with each route's requests in flight (`requests`) as many slots as they are
-        worth now. Not the slots they took: a request weighed before the weights last changed (one
-        that runs for longer than a fit takes) holds the old weight, and fitted as if it held the
-        new one, it bent the next fit by their ratio (4 to 1 went to 5.7, 3.5, 7.6, 2.7 ...)."""
+        worth now, not the slots they took under older weights (those bend the next fit)."""
         weight = self.weight
         units = {route: n * weight(route) for route, n in requests_by_route.items()}
         return self.observe(used_bytes, units, others_bytes, now_s)
@@ -128,9 +116,7 @@ class RouteWeights:
 
     def failed(self, route: object, requests: float, admitted_s: float) -> None:
         """A request of `route` (`requests` before its weight) admitted at `admitted_s` ran out of
-        memory: the readings since counted it in flight where its allocation had failed and it held
-        nothing, and it is taken out of them. Counted, the large ones of a mix that met and failed
-        read as a large route that holds little, and no fit explained the readings for 17 s."""
+        memory: the readings since counted it in flight while it held nothing, and it leaves them."""
         column = self._columns.get(route, OTHERS if len(self._columns) >= MAX_ROUTES else None)
         if column is None:
             return
@@ -155,8 +141,7 @@ class RouteWeights:
         arrival inside the window does not: wait until it has passed out). Where the slots in flight
         never varied in sum, the baseline is the others' bytes the memory model held at each reading."""
         rows = [(row, used) for _, row, used, _ in self._recent]
-        # Whether a route's requests varied, counted in requests, not slots: a route weighed at a 16th
-        # of a slot never varied by slots, and a weight once wrong that far was never fitted again.
+        # Whether a route's requests varied, counted in requests, not slots (a light route's slots barely vary).
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
         columns = [c for c in range(OTHERS + 1) if _varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
         if len(columns) < 2:
@@ -166,11 +151,8 @@ class RouteWeights:
         others = [o for _, _, _, o in self._recent if o is not None]
         intercept = len(others) < len(rows) or _varies([sum(row) for row, _ in rows])
         if not intercept:
-            # The slots in flight summed to one total at every reading (a gate held at its limit):
-            # the others' bytes cannot be told from what every route's requests hold alike, and the
-            # fit had no solution (a mix of 2.2 and 17.6 GiB requests on two routes, two in flight
-            # at all times, was never weighed and served 0.69 of the reader). The others' bytes as
-            # the memory model holds them stand in for the intercept.
+            # The slots in flight summed to one total at every reading (a gate held at its limit): no
+            # intercept can be told apart, and the others' bytes as the memory model holds them stand in.
             design = [[0.0, *x[1:]] for x in design]
             used = [y - o for y, o in zip(used, others, strict=True)]
         solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns], intercept=intercept)
@@ -181,17 +163,16 @@ class RouteWeights:
         if len(routes) < 2:
             return False  # one route beside the others' column: nothing to weigh against
         self.fits += 1
-        # Slots in flight were weighed with the weights of now (the window starts again whenever
-        # they change): a route's bytes per request are its bytes per slot times its weight.
+        # A route's bytes per request are its bytes per slot times its weight now (the window starts
+        # again whenever weights change).
         fitted = dict(zip(columns, bytes_per_unit, strict=True))
         per_request = {c: fitted[c] * self.weight(route) for c, route in routes.items()}
         columns = list(routes)
         shares = {c: max(self._shares[c], 1e-9) for c in columns}
         total_share = sum(shares.values())
         mean_bytes = sum(shares[c] * per_request[c] for c in columns) / total_share
-        # The scale stays what it is (1 until the first fit: the mean request of the traffic then
-        # weighs one slot), so that a slot keeps meaning the same bytes to the memory model and the
-        # limit; a change of weights only changes the routes against each other.
+        # The scale stays (a slot keeps meaning the same bytes to the memory model): a change of
+        # weights only moves the routes against each other.
         mean_weight = sum(shares[c] * self.weight(routes[c]) for c in columns) / total_share
         low, high = WEIGHT_RANGE
         new = {c: min(high, max(low, mean_weight * per_request[c] / mean_bytes)) for c in columns}
@@ -209,12 +190,10 @@ def _trimmed_fit(
     design: list[list[float]], used: list[float], weights: list[float], *, intercept: bool = True
 ) -> list[float] | None:
     """The least-squares solution, where it explains the readings: each route's bytes positive, and
-    the readings within a quarter of the lightest route's bytes of it, in the mean. Where they are
-    not, once more without the quarter of the readings that stray most: readings of requests that
-    ran out of memory, or were admitted and had not allocated yet, hold less than their slots say,
-    and a mix that runs out now and then (the very mix weights would stop) never had a clean window.
-    `weights`: each route column's weight, by which its slots are requests. Without `intercept`, the
-    design's first column is zeros and the solution's first term 0: the others' bytes were taken out."""
+    the readings within a quarter of the lightest route's bytes of it, in the mean. Else once more
+    without the quarter that stray most (requests that failed, or had not allocated yet, hold less
+    than their slots say). `weights`: each column's weight. Without `intercept`, the design's first
+    column is zeros and the solution's first term 0."""
     for attempt in range(2):
         solution = _least_squares(design if intercept else [x[1:] for x in design], used)
         if solution is not None and not intercept:
@@ -222,8 +201,7 @@ def _trimmed_fit(
         if solution is None or min(solution[1:]) <= 0:
             return None
         errors = [(y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]
-        # A quarter of the lightest route's bytes per request, not per slot: a slot of a light route is a
-        # share of a request, and a quarter of its bytes let a reading strayed by a large request through.
+        # A quarter of the lightest route's bytes per request, not per slot (a light route's slot is tiny).
         tolerance_sq = (0.25 * min(b * w for b, w in zip(solution[1:], weights, strict=True))) ** 2
         if sum(errors) / len(errors) <= tolerance_sq:
             return solution
