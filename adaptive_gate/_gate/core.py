@@ -111,9 +111,11 @@ class GateCore(CoreSnapshot):
         # Where the requests' sizes shrank: when, and how many slots a request that joined the line
         # before then may hold (`heavier_before`, optional in the protocol, asked after each reading).
         self._heavier_in_flight = 0.0  # of the slots in flight, what requests weigh beyond their own (`granted`)
-        # The serials of the requests in flight weighed before the route weights last changed (they
-        # hold the slots of then), and when the last such one left
+        # The serials of the requests that waited in the line while the route weights changed (they
+        # hold the slots of then), the last serial admitted before the weights last changed, and when
+        # the last request weighed with older weights left
         self._stale: set[int] = set()
+        self._weighed_before = 0
         self._stale_left_s = -math.inf
         self.units_per_request = 1.0  # the slots a request takes, on average lately (`expected_wait_s`)
         self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
@@ -268,6 +270,8 @@ class GateCore(CoreSnapshot):
         busy_area = limiter.release(ticket.units, now_s=now_s)
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
+            if ticket.serial <= self._weighed_before:
+                self._stale_left_s = now_s
             if self._stale and ticket.serial in self._stale:
                 self._stale.remove(ticket.serial)
                 self._stale_left_s = now_s
@@ -402,6 +406,7 @@ class GateCore(CoreSnapshot):
         if self.route_weights is not None and self.route_weights.reading(
             sample.used_bytes, then.by_route, self._others_bytes(), now_s
         ):
+            self._weighed_before = self.counters.admitted  # those in flight hold the slots of the old weights
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
