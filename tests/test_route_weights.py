@@ -349,11 +349,19 @@ def test_an_oom_beside_a_request_weighed_before_the_weights_changed_is_weaker_ev
     assert core.statistics(0.5).in_flight == 0
 
 
-def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_evidence_after_it_left() -> None:
+@pytest.mark.parametrize(
+    ("refit", "told_first"),
+    [({"/heavy": 2.0, "/light": 0.5}, "weak"), ({"/other": 0.5}, "placed")],
+    ids=["their weights changed", "another route's changed"],
+)
+def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_evidence_after_it_left(
+    refit: dict[str, float], told_first: str
+) -> None:
     """A heavy request runs at 1 slot when a reading weighs the heavy route 2: it holds the slot of
     then. A light one admitted beside it after the change runs out of memory once it has left: what
     ran when it allocated was heavier than the slots said, and the OOM is weaker evidence. Barred as
-    any OOM, it held a mix of routes read every quarter second a slot below the room for a minute."""
+    any OOM, it held a mix of routes read every quarter second a slot below the room for a minute.
+    Where the change left the weights of those in flight as they were, the OOM is placed."""
     controller = AIMD()
     told: list[str] = []
     weak = controller.on_swallowed_oom
@@ -368,26 +376,27 @@ def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_ev
         before.append(core.admitted(0.0, 0.0, 1, route))
 
     def reweighed(*_: object) -> bool:  # the fit this reading made
-        weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+        weights.by_route.update(refit)
         return True
 
     weights.reading = reweighed  # type: ignore[method-assign]
     core.sample(MemorySample(10 * GiB, 64 * GiB), 0.1)
     del weights.reading
-    assert core.arrive(30.0, units=0.5, route="/light", now_s=0.15) is ADMITTED
-    light = core.admitted(0.15, 0.0, 0.5, "/light", requests=1)
+    light_units = core.weigh("/light", 1)
+    assert core.arrive(30.0, units=light_units, route="/light", now_s=0.15) is ADMITTED
+    light = core.admitted(0.15, 0.0, light_units, "/light", requests=1)
     for ticket in before:
         core.release(ticket, 0.2, Outcome.COMPLETED)
     core.oom(light, 0.3)
     core.release(light, 0.3, Outcome.OOM)
     fresh = []  # nothing weighed before the change ran beside these
     for _ in range(2):
-        assert core.arrive(30.0, units=0.5, route="/light", now_s=0.4) is ADMITTED
-        fresh.append(core.admitted(0.4, 0.0, 0.5, "/light", requests=1))
+        assert core.arrive(30.0, units=light_units, route="/light", now_s=0.4) is ADMITTED
+        fresh.append(core.admitted(0.4, 0.0, light_units, "/light", requests=1))
     core.oom(fresh[0], 0.5)
     for ticket in fresh:
         core.release(ticket, 0.5, Outcome.OOM if ticket is fresh[0] else Outcome.COMPLETED)
-    assert told == ["weak", "placed"]
+    assert told == [told_first, "placed"]
     assert core.statistics(0.5).in_flight == 0
 
 

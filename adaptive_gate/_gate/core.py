@@ -270,8 +270,10 @@ class GateCore(CoreSnapshot):
         busy_area = limiter.release(ticket.units, now_s=now_s)
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
-            if ticket.serial <= self._weighed_before:
-                self._stale_left_s = now_s
+            if ticket.serial <= self._weighed_before and ticket.units - ticket.heavier != self.weigh(
+                ticket.route, ticket.requests
+            ):
+                self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
             if self._stale and ticket.serial in self._stale:
                 self._stale.remove(ticket.serial)
                 self._stale_left_s = now_s
