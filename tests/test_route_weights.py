@@ -51,6 +51,27 @@ def test_two_routes_are_told_apart_by_the_mix_in_flight() -> None:
     assert weights.weights() == {"/small": round(small, 3), "/large": round(large, 3)}
 
 
+@pytest.mark.parametrize(
+    ("period_s", "fewest", "most"),
+    [(0.1, MIN_READINGS, 2 * MIN_READINGS), (0.5, MIN_READINGS // 2, MIN_READINGS // 2 + 2)],
+)
+def test_readings_further_apart_are_fitted_after_fewer_of_them(period_s: float, fewest: int, most: int) -> None:
+    """Sixteen readings at the default tenth of a second; half as many where they are half a second
+    apart (each catches other requests): a mix of routes read every half second waited 8 s for its
+    weights, and served 0.92 of the reader."""
+    weights = RouteWeights()
+    rng = random.Random(2)
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
+    readings = 0
+    while weights.fits == 0 and readings < 2 * MIN_READINGS:
+        held = {route: rng.randint(0, 3) for route in sizes}
+        used = BASELINE + sum(sizes[route] * n for route, n in held.items())
+        weights.observe(used, {route: float(n) for route, n in held.items()}, now_s=readings * period_s)
+        readings += 1
+    assert fewest <= readings <= most  # the first fit: one or two may not explain the readings yet
+    assert weights.weight("/large") / weights.weight("/small") == pytest.approx(4.0, rel=0.01)
+
+
 def test_one_route_is_never_weighed() -> None:
     weights = RouteWeights()
     feed(weights, {"/only": 3 * GiB}, 60)

@@ -20,6 +20,7 @@ MAX_ROUTES = 8  # routes told apart; the rest share one column, weighing 1 (boun
 OTHERS = MAX_ROUTES  # the column of the routes past the first few
 WINDOW_READINGS = 48  # readings a fit looks at: about 5 s at the default sample period
 MIN_READINGS = 16  # readings with requests in flight before the first fit
+MIN_SPAN_S = 1.5  # or half as many, where they span this long (readings further apart turn more over)
 WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
@@ -109,7 +110,11 @@ class RouteWeights:
             return False  # one route: nothing to tell apart
         if any(row):
             self._recent.append((now_s, row, float(used_bytes), others_bytes))
-        changed = len(self._recent) >= MIN_READINGS and self._fit()
+        recent = self._recent
+        enough = len(recent) >= MIN_READINGS or (
+            len(recent) >= MIN_READINGS // 2 and recent[-1][0] - recent[0][0] >= MIN_SPAN_S
+        )
+        changed = enough and self._fit()
         if changed:
             self.changed_s = now_s
         return changed
