@@ -421,6 +421,36 @@ def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_ev
     assert core.statistics(0.5).in_flight == 0
 
 
+def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until_they_leave() -> None:
+    """Two heavy requests took 1 slot each; a reading weighs their route 2. The limiter counts the
+    slots they took, so it would let two more slots in beside them than the card holds: the limit
+    stays lower by what they are worth beyond their slots, until they leave. Let in, the large ones
+    of a mix of routes ran out of memory each time the weights were first learnt (10 OOMs in the first
+    6 s where the card is read every quarter second)."""
+    controller = AIMD()
+    core = core_with(controller, [0.0])
+    weights = core.route_weights
+    assert weights is not None
+    heavy = []
+    for _ in range(2):
+        assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
+        heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
+    assert core.limiter.limit == controller.limit == 64
+
+    def reweighed(*_: object) -> bool:  # the fit this reading made
+        weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+        return True
+
+    weights.reading = reweighed  # type: ignore[method-assign]
+    core.sample(MemorySample(10 * GiB, 64 * GiB), 0.1)
+    del weights.reading
+    assert controller.limit == 64 and core.limiter.limit == 62
+    core.release(heavy[0], 0.2, Outcome.COMPLETED)
+    assert core.limiter.limit == 63
+    core.release(heavy[1], 0.3, Outcome.COMPLETED)
+    assert core.limiter.limit == 64 and core.statistics(0.3).in_flight == 0
+
+
 def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitted_after() -> None:
     """It took the slots of its arrival (1, at a weight of 1); admitted after its route's weight
     became 2, it is still one request, and the readings count it as the 2 slots it is worth now. As

@@ -274,6 +274,7 @@ class GateCore(CoreSnapshot):
                 ticket.route, ticket.requests
             ):
                 self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
+                self._apply_limit(now_s)  # what it was worth beyond them is free again
             if self._stale and ticket.serial in self._stale:
                 self._stale.remove(ticket.serial)
                 self._stale_left_s = now_s
@@ -502,6 +503,15 @@ class GateCore(CoreSnapshot):
 
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
+        weights = self.route_weights
+        if weights is not None and self._weighed_before:
+            # Requests weighed before the weights last changed hold the slots of then: where they are
+            # worth more now, the limiter would let others into their difference.
+            limiter = self.limiter
+            excess = weights.slots(self.requests_by_route) + self._heavier_in_flight - limiter.in_flight
+            if excess > 0.01 * max(1.0, limiter.in_flight):
+                new_limit = max(1, min(new_limit, math.floor(new_limit - excess + 0.01)))
+                reason = reason or "reweighed"
         operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
