@@ -426,7 +426,8 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     slots they took, so it would let two more slots in beside them than the card holds: the limit
     stays lower by what they are worth beyond their slots, until they leave. Let in, the large ones
     of a mix of routes ran out of memory each time the weights were first learnt (10 OOMs in the first
-    6 s where the card is read every quarter second)."""
+    6 s where the card is read every quarter second). Once they have left, requests of a fraction of a
+    slot, whose worth rounds a hair above the 64ths they took, move nothing."""
     controller = AIMD()
     core = core_with(controller, [0.0])
     weights = core.route_weights
@@ -438,7 +439,7 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     assert core.limiter.limit == controller.limit == 64
 
     def reweighed(*_: object) -> bool:  # the fit this reading made
-        weights.by_route.update({"/heavy": 2.0, "/light": 0.5})
+        weights.by_route.update({"/heavy": 2.0, "/light": 0.275})
         return True
 
     weights.reading = reweighed  # type: ignore[method-assign]
@@ -449,6 +450,17 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     assert core.limiter.limit == 63
     core.release(heavy[1], 0.3, Outcome.COMPLETED)
     assert core.limiter.limit == 64 and core.statistics(0.3).in_flight == 0
+    light = []
+    for _ in range(20):  # a quarter of a light request: 1/16 of a slot taken, 0.0645 worth
+        units = core.weigh("/light", 0.25)
+        assert core.arrive(30.0, units=units, route="/light", now_s=0.4) is ADMITTED
+        light.append(core.admitted(0.4, 0.0, units, "/light"))
+    core.release(light.pop(), 0.5, Outcome.COMPLETED)
+    core.sample(MemorySample(12 * GiB, 64 * GiB), 0.5)
+    assert core.limiter.limit == controller.limit == 64
+    for ticket in light:
+        core.release(ticket, 0.6, Outcome.COMPLETED)
+    assert core.statistics(0.6).in_flight == 0
 
 
 def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitted_after() -> None:

@@ -116,6 +116,8 @@ class GateCore(CoreSnapshot):
         # the last request weighed with older weights left
         self._stale: set[int] = set()
         self._weighed_before = 0
+        self._admitted_in_flight = 0  # tickets admitted and not released
+        self._weighed_before_in_flight = 0  # of those, the ones admitted before the weights last changed
         self._stale_left_s = -math.inf
         self.units_per_request = 1.0  # the slots a request takes, on average lately (`expected_wait_s`)
         self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
@@ -237,6 +239,7 @@ class GateCore(CoreSnapshot):
         large route's requests 12 times the small ones', where they were 4."""
         counters = self.counters
         counters.admitted += 1
+        self._admitted_in_flight += 1
         weights = self.route_weights
         if weights is None:
             requests = units
@@ -268,16 +271,18 @@ class GateCore(CoreSnapshot):
         limiter = self.limiter
         in_flight = limiter.in_flight
         busy_area = limiter.release(ticket.units, now_s=now_s)
+        self._admitted_in_flight -= 1
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
-            if ticket.serial <= self._weighed_before and ticket.units - ticket.heavier != self.weigh(
-                ticket.route, ticket.requests
-            ):
-                self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
-                self._apply_limit(now_s)  # what it was worth beyond them is free again
+            if ticket.serial <= self._weighed_before:
+                self._weighed_before_in_flight -= 1
+                if ticket.units - ticket.heavier != self.weigh(ticket.route, ticket.requests):
+                    self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
+                self._apply_limit(now_s)  # what it was worth beyond its slots is free again
             if self._stale and ticket.serial in self._stale:
                 self._stale.remove(ticket.serial)
                 self._stale_left_s = now_s
+                self._apply_limit(now_s)
         if self._arrived_s is not None:
             self._arrived_s.pop(ticket.serial, None)
         self._heavier_in_flight -= ticket.heavier
@@ -409,7 +414,8 @@ class GateCore(CoreSnapshot):
         if self.route_weights is not None and self.route_weights.reading(
             sample.used_bytes, then.by_route, self._others_bytes(), now_s
         ):
-            self._weighed_before = self.counters.admitted  # those in flight hold the slots of the old weights
+            # Those in flight hold the slots of the old weights
+            self._weighed_before, self._weighed_before_in_flight = self.counters.admitted, self._admitted_in_flight
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
@@ -504,7 +510,7 @@ class GateCore(CoreSnapshot):
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
         weights = self.route_weights
-        if weights is not None and self._weighed_before:
+        if weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
             # Requests weighed before the weights last changed hold the slots of then: where they are
             # worth more now, the limiter would let others into their difference.
             limiter = self.limiter
