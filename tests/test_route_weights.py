@@ -370,6 +370,20 @@ def test_an_oom_beside_a_request_weighed_before_the_weights_changed_is_weaker_ev
     assert core.statistics(0.5).in_flight == 0
 
 
+def a_reading_that_refits(core: GateCore, refit: dict[str, float], now_s: float) -> None:
+    """A reading whose route fit changes the weights to `refit`, as a fit of real readings would."""
+    weights = core.route_weights
+    assert weights is not None
+
+    def reweighed(*_: object) -> bool:
+        weights.by_route.update(refit)
+        return True
+
+    weights.reading = reweighed  # type: ignore[method-assign]
+    core.sample(MemorySample(10 * GiB, 64 * GiB), now_s)
+    del weights.reading
+
+
 @pytest.mark.parametrize(
     ("refit", "told_first"),
     [({"/heavy": 2.0, "/light": 0.5}, "weak"), ({"/other": 0.5}, "placed")],
@@ -389,20 +403,11 @@ def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_ev
     controller.on_oom = lambda **_: told.append("placed")  # type: ignore[method-assign]
     controller.on_swallowed_oom = lambda **kw: (told.append("weak"), weak(**kw))[-1]  # type: ignore[method-assign]
     core = core_with(controller, [0.0])
-    weights = core.route_weights
-    assert weights is not None
     before = []
     for route in ("/heavy", "/light"):
         assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
         before.append(core.admitted(0.0, 0.0, 1, route))
-
-    def reweighed(*_: object) -> bool:  # the fit this reading made
-        weights.by_route.update(refit)
-        return True
-
-    weights.reading = reweighed  # type: ignore[method-assign]
-    core.sample(MemorySample(10 * GiB, 64 * GiB), 0.1)
-    del weights.reading
+    a_reading_that_refits(core, refit, 0.1)
     light_units = core.weigh("/light", 1)
     assert core.arrive(30.0, units=light_units, route="/light", now_s=0.15) is ADMITTED
     light = core.admitted(0.15, 0.0, light_units, "/light", requests=1)
@@ -430,21 +435,12 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     slot, whose worth rounds a hair above the 64ths they took, move nothing."""
     controller = AIMD()
     core = core_with(controller, [0.0])
-    weights = core.route_weights
-    assert weights is not None
     heavy = []
     for _ in range(2):
         assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
         heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
     assert core.limiter.limit == controller.limit == 64
-
-    def reweighed(*_: object) -> bool:  # the fit this reading made
-        weights.by_route.update({"/heavy": 2.0, "/light": 0.275})
-        return True
-
-    weights.reading = reweighed  # type: ignore[method-assign]
-    core.sample(MemorySample(10 * GiB, 64 * GiB), 0.1)
-    del weights.reading
+    a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.275}, 0.1)
     assert controller.limit == 64 and core.limiter.limit == 62
     core.release(heavy[0], 0.2, Outcome.COMPLETED)
     assert core.limiter.limit == 63

@@ -59,8 +59,7 @@ class CoreAnswers:
         """When to come back: the line ahead of `priority` over the measured drain rate (requests
         ended per second), or the service times while no drain has been measured yet."""
         limiter = self.limiter
-        ended = self.counters.completed + self.counters.failed + self.counters.admitted_ooms
-        rate_per_s = self.drain.rate_per_s(ended, now_s)
+        rate_per_s = self.drain.rate_per_s(self.counters.ended, now_s)
         ahead = limiter.line.ahead_of(priority)
         if rate_per_s is not None:
             estimate_s: float | None = (ahead + 1) / rate_per_s

@@ -116,8 +116,7 @@ class GateCore(CoreSnapshot):
         # the last request weighed with older weights left
         self._stale: set[int] = set()
         self._weighed_before = 0
-        self._admitted_in_flight = 0  # tickets admitted and not released
-        self._weighed_before_in_flight = 0  # of those, the ones admitted before the weights last changed
+        self._weighed_before_in_flight = 0  # of the tickets in flight, those admitted before then
         self._stale_left_s = -math.inf
         self.units_per_request = 1.0  # the slots a request takes, on average lately (`expected_wait_s`)
         self._heavier_before: Callable[[], tuple[float, float] | None] | None = getattr(
@@ -239,7 +238,6 @@ class GateCore(CoreSnapshot):
         large route's requests 12 times the small ones', where they were 4."""
         counters = self.counters
         counters.admitted += 1
-        self._admitted_in_flight += 1
         weights = self.route_weights
         if weights is None:
             requests = units
@@ -271,18 +269,20 @@ class GateCore(CoreSnapshot):
         limiter = self.limiter
         in_flight = limiter.in_flight
         busy_area = limiter.release(ticket.units, now_s=now_s)
-        self._admitted_in_flight -= 1
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
-            if ticket.serial <= self._weighed_before:
+            in_flight_at_change = ticket.serial <= self._weighed_before
+            waited_across = bool(self._stale) and ticket.serial in self._stale
+            if in_flight_at_change:
                 self._weighed_before_in_flight -= 1
-                if ticket.units - ticket.heavier != self.weigh(ticket.route, ticket.requests):
-                    self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
-                self._apply_limit(now_s)  # what it was worth beyond its slots is free again
-            if self._stale and ticket.serial in self._stale:
+            if waited_across:
                 self._stale.remove(ticket.serial)
-                self._stale_left_s = now_s
-                self._apply_limit(now_s)
+            if waited_across or (
+                in_flight_at_change and ticket.units - ticket.heavier != self.weigh(ticket.route, ticket.requests)
+            ):
+                self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
+            if in_flight_at_change or waited_across:
+                self._apply_limit(now_s)  # what it was worth beyond its slots is free again
         if self._arrived_s is not None:
             self._arrived_s.pop(ticket.serial, None)
         self._heavier_in_flight -= ticket.heavier
@@ -336,9 +336,7 @@ class GateCore(CoreSnapshot):
             # then, and been told a forward pass later, with fewer in flight), or run now.
             level = max(limiter.in_flight, ticket.in_flight_at_admission)
             told = self.controller.on_oom
-            worth_now = (
-                limiter.in_flight if self.route_weights is None else self.route_weights.slots(self.requests_by_route)
-            )
+            worth_now = self._worth_now()
             if abs(worth_now + self._heavier_in_flight - limiter.in_flight) > 0.01 * limiter.in_flight:
                 # Some in flight were weighed before the route weights last changed (those that waited
                 # in the line meanwhile) and hold the slots of then: a large one that took one slot where
@@ -415,7 +413,8 @@ class GateCore(CoreSnapshot):
             sample.used_bytes, then.by_route, self._others_bytes(), now_s
         ):
             # Those in flight hold the slots of the old weights
-            self._weighed_before, self._weighed_before_in_flight = self.counters.admitted, self._admitted_in_flight
+            counters = self.counters
+            self._weighed_before, self._weighed_before_in_flight = counters.admitted, counters.admitted - counters.ended
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
@@ -507,14 +506,19 @@ class GateCore(CoreSnapshot):
         self.operator = bounds
         self._apply_limit(now_s, "operator" if bounds is not None else "operator reset")
 
+    def _worth_now(self) -> float:
+        """The requests in flight in the slots of the route weights of now (each holds the slots it took,
+        which differ where it was weighed before the weights last changed)."""
+        weights = self.route_weights
+        return self.limiter.in_flight if weights is None else weights.slots(self.requests_by_route)
+
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
-        weights = self.route_weights
-        if weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
+        if self.route_weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
             # Requests weighed before the weights last changed hold the slots of then: where they are
             # worth more now, the limiter would let others into their difference.
             limiter = self.limiter
-            excess = weights.slots(self.requests_by_route) + self._heavier_in_flight - limiter.in_flight
+            excess = self._worth_now() + self._heavier_in_flight - limiter.in_flight
             if excess > 0.01 * max(1.0, limiter.in_flight):
                 new_limit = max(1, min(new_limit, math.floor(new_limit - excess + 0.01)))
                 reason = reason or "reweighed"

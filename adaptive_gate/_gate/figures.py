@@ -40,6 +40,11 @@ class Counters:
     limit_decreases: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def ended(self) -> int:
+        """The admitted requests that have ended, whichever way: those in flight are `admitted` less these."""
+        return self.completed + self.failed + self.admitted_ooms
+
     def reject(self, reason: str) -> None:  # a `Reason`: a str, kept as a key of plain JSON
         self.rejected += 1
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
