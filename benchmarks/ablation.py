@@ -128,8 +128,8 @@ def quarter_steps() -> AIMD:
 
 class _WholeRequestMargin(OomStates):
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:  # type: ignore[override]
-        level, room_then, _, until_s = state[:4]
-        if level - FIT_SLACK <= room_then < level and now_s < until_s:  # a fit by the slack alone
+        need, room_then, until_s = self.ran_out(state), state[1], state[3]
+        if need - FIT_SLACK <= room_then < need and now_s < until_s:  # a fit by the slack alone
             return room + FIT_SLACK < room_then + ROOM_MARGIN  # as where the model said it fitted outright
         return super()._bars(state, now_s, room)
 

@@ -88,20 +88,29 @@ class OomStates:
         """Slots changed what they weigh: the levels barred so far are in the old ones."""
         self._states.clear()
 
+    @staticmethod
+    def ran_out(state: list[float]) -> float:
+        """The slots that ran out: the load where requests weigh parts of one (4.3 of level 5), else the
+        level (an OOM with one in flight bars two, where the least limit is one)."""
+        level, load = state[0], state[4]
+        return load if load > level - 1 else level
+
     def _bars(self, state: list[float], now_s: float, room: float) -> bool:
-        """Whether an OOM's state still bars its level with `room` for so many requests now:
-        * the readings after it explained it (room then under the level: a neighbour came): until the
-          model says the level fits again;
-        * the level fitted by the slack alone (room for 20.99 taken for 21): until it fits without it;
+        """Whether an OOM's state still bars its level with `room` for so many requests now, by the
+        slots that ran out (`ran_out`):
+        * the readings after it explained it (room then under them: a neighbour came): until the model
+          says they fit again;
+        * they fitted by the slack alone (room for 20.99 taken for 21): until they fit without it;
         * the model said it fitted outright: until the card reads `ROOM_MARGIN` roomier than then.
         The room then is counted in requests of the size believed now, where that is larger."""
-        level, room_then, _, until_s = state[:4]
+        room_then, until_s = state[1], state[3]
         if now_s >= until_s:
             return False
         if 0 < state[6] < self._request_bytes:
             room_then *= state[6] / self._request_bytes
-        if room_then + FIT_SLACK < level:  # the model did not take the level for a fit then (`FIT_SLACK`)
-            return room + FIT_SLACK < level
-        if room_then < level:  # a fit by the slack alone: the model was right, its slack was not
-            return room < level + FIT_SLACK
+        need = self.ran_out(state)
+        if room_then + FIT_SLACK < need:  # the model did not take it for a fit then (`FIT_SLACK`)
+            return room + FIT_SLACK < need
+        if room_then < need:  # a fit by the slack alone: the model was right, its slack was not
+            return room < need + FIT_SLACK
         return room + FIT_SLACK < room_then + ROOM_MARGIN
