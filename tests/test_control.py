@@ -584,6 +584,33 @@ def test_inputs_that_grow_read_first_as_the_others_rise_are_learnt_from_the_oom_
     assert c.limit <= 2
 
 
+def test_inputs_that_grow_among_many_in_flight_are_learnt_from_the_oom_though_the_readings_look_like_a_mix() -> None:
+    """Thirty-two requests of 0.67 GiB run on a 48 GiB card; inputs grow to 1.51 GiB. The next reading
+    catches six new ones among the old, and the process's own count says the extra bytes are ours: read
+    as one mean of 32 requests, 0.83 GiB each, a spread appears at once that makes them a mix. An OOM
+    naming 1.51 GiB then said nothing new ("a mix's large one"), and 55 more followed over 0.3 s before
+    the readings settled (`--family many`, a held-out draw). One size until the last readings: the
+    spread is the larger ones among the old, and the OOM says the inputs grew."""
+    memory = MemoryModel()
+    total, others = 48 * GiB, int(21.08 * GiB)
+    memory.add(0.0, 0, others, total, own_bytes=others)
+    now_s = 0.0
+    for i in range(24):
+        now_s += 0.1
+        n = [32, 32, 31, 32, 30, 32, 32, 31][i % 8]
+        used = others + int(n * 0.67 * GiB)
+        memory.add(now_s, n, used, total, own_bytes=used)
+    assert not memory.is_mix()
+    now_s += 0.1
+    grown = others + int((26 * 0.67 + 6 * 1.51) * GiB)
+    memory.add(now_s, 32, grown, total, own_bytes=grown)
+    assert memory.is_mix()  # what the reading looks like
+    assert memory.learn_size(1.51 * GiB, 1, now_s + 0.01)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(1.51 * GiB)
+    assert memory.cap() <= 17  # (48 - 21.08) / 1.51; 32 where the OOM taught nothing
+
+
 def test_soon_after_sizes_shrank_a_size_beyond_the_one_from_before_is_believed() -> None:
     """Requests of 6 GiB, then two readings say they hold 3 (sizes shrank, or requests that grew and
     ran out hold nothing: the readings cannot tell). An OOM naming 6 GiB soon after is one left from

@@ -136,6 +136,7 @@ class MemoryModel:
         self.pressed = False
         self._served_since = False  # whether a request of ours finished since the last reading
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
+        self._one_size_at: int | None = None  # the last reading after which the requests were of one size
 
     @property
     def learning(self) -> bool:
@@ -164,6 +165,8 @@ class MemoryModel:
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
             if self._anchored:
                 self._anchor = self._baseline
+            if not self.is_mix():
+                self._one_size_at = self.samples
         finally:
             self._quantile = self._share_quantile()
             est = self.estimate()
@@ -587,8 +590,12 @@ class MemoryModel:
         # rise); or soon after a shrink, a size past the one from before by more than a mix's spread.
         before = self._size_before
         settled = self._since_sizes >= SETTLED_READINGS or (before is not None and per_unit > (1 + MIX_SPREAD) * before)
-        uniform = settled and est.spread_bytes < MIX_SPREAD * est.per_request_bytes
-        if uniform and per_unit > est.per_request_bytes + 3 * est.spread_bytes:
+        uniform = est.spread_bytes < MIX_SPREAD * est.per_request_bytes
+        # One size until the last readings: the spread they showed is larger ones among the others, and a
+        # size beyond a mix's spread of the mean is the inputs that grew.
+        lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
+        beyond = est.spread_bytes * 3 if uniform else MIX_SPREAD * est.per_request_bytes
+        if settled and (uniform or lately) and per_unit > est.per_request_bytes + beyond:
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
             self._sizes_changed()  # readings from before were of smaller requests
