@@ -581,7 +581,8 @@ class MemoryModel:
         """An allocation of `nbytes` failed in a request of `units` at `now_s`. Where the requests were
         of one size and this is beyond it (three spreads above the mean), inputs grew: a request holds
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
-        In a mix, a large one failing says nothing new."""
+        So too where they were of one size until the last readings and this is beyond a mix's spread of
+        the mean. In a mix, a large one failing says nothing new."""
         est = self.estimate()
         if est is None:
             return False
@@ -594,7 +595,7 @@ class MemoryModel:
         # One size until the last readings: the spread they showed is larger ones among the others, and a
         # size beyond a mix's spread of the mean is the inputs that grew.
         lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
-        beyond = est.spread_bytes * 3 if uniform else MIX_SPREAD * est.per_request_bytes
+        beyond = 3 * est.spread_bytes if uniform else MIX_SPREAD * est.per_request_bytes
         if settled and (uniform or lately) and per_unit > est.per_request_bytes + beyond:
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
