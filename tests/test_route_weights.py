@@ -459,6 +459,23 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     assert core.statistics(0.6).in_flight == 0
 
 
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_the_difference_held_after_a_refit_comes_back_however_the_requests_end(outcome: Outcome) -> None:
+    """A failure (an exception, a cancellation, a client gone) or an OOM gives back what a request
+    from before the refit was worth beyond its slots, as a success does: the limit is whole again."""
+    controller = AIMD()
+    core = core_with(controller, [0.0])
+    heavy = []
+    for _ in range(2):
+        assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
+        heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
+    a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.275}, 0.1)
+    assert core.limiter.limit == 62
+    for ticket in heavy:
+        core.release(ticket, 0.2, outcome)
+    assert core.limiter.limit == controller.limit == 64 and core.statistics(0.2).in_flight == 0
+
+
 def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitted_after() -> None:
     """It took the slots of its arrival (1, at a weight of 1); admitted after its route's weight
     became 2, it is still one request, and the readings count it as the 2 slots it is worth now. As

@@ -244,7 +244,7 @@ class GateCore(CoreSnapshot):
         else:  # only a controller that learns memory weighs routes, from these
             if requests is None:
                 requests = weights.requests(route, units)
-            elif arrived_s <= weights.changed_s and units - heavier != self.weigh(route, requests):
+            elif arrived_s <= weights.changed_s and self._took_other_slots(route, units, requests, heavier):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
@@ -269,6 +269,9 @@ class GateCore(CoreSnapshot):
         limiter = self.limiter
         in_flight = limiter.in_flight
         busy_area = limiter.release(ticket.units, now_s=now_s)
+        if self._arrived_s is not None:
+            self._arrived_s.pop(ticket.serial, None)
+        self._heavier_in_flight -= ticket.heavier
         if self.route_weights is not None:
             self.requests_by_route[ticket.route] -= ticket.requests
             in_flight_at_change = ticket.serial <= self._weighed_before
@@ -278,14 +281,12 @@ class GateCore(CoreSnapshot):
             if waited_across:
                 self._stale.remove(ticket.serial)
             if waited_across or (
-                in_flight_at_change and ticket.units - ticket.heavier != self.weigh(ticket.route, ticket.requests)
+                in_flight_at_change
+                and self._took_other_slots(ticket.route, ticket.units, ticket.requests, ticket.heavier)
             ):
                 self._stale_left_s = now_s  # it held the slots of older weights, and ran beside others
             if in_flight_at_change or waited_across:
                 self._apply_limit(now_s)  # what it was worth beyond its slots is free again
-        if self._arrived_s is not None:
-            self._arrived_s.pop(ticket.serial, None)
-        self._heavier_in_flight -= ticket.heavier
         if outcome is not Outcome.COMPLETED:
             if outcome is Outcome.OOM:
                 self.counters.admitted_ooms += 1
@@ -506,6 +507,11 @@ class GateCore(CoreSnapshot):
         self.operator = bounds
         self._apply_limit(now_s, "operator" if bounds is not None else "operator reset")
 
+    def _took_other_slots(self, route: object, units: float, requests: float, heavier: float) -> bool:
+        """Whether a request took other slots than it is worth at the route weights of now (it was
+        weighed before they last changed); what it weighs as one from before a shrink aside."""
+        return units - heavier != self.weigh(route, requests)
+
     def _worth_now(self) -> float:
         """The requests in flight in the slots of the route weights of now (each holds the slots it took,
         which differ where it was weighed before the weights last changed)."""
@@ -514,13 +520,13 @@ class GateCore(CoreSnapshot):
 
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
+        limiter = self.limiter
         if self.route_weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
             # Requests weighed before the weights last changed hold the slots of then: where they are
             # worth more now, the limiter would let others into their difference.
-            limiter = self.limiter
             excess = self._worth_now() + self._heavier_in_flight - limiter.in_flight
             if excess > 0.01 * max(1.0, limiter.in_flight):
-                new_limit = max(1, min(new_limit, math.floor(new_limit - excess + 0.01)))
+                new_limit = max(1, math.floor(new_limit - excess + 0.01))
                 reason = reason or "reweighed"
         operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
@@ -529,7 +535,6 @@ class GateCore(CoreSnapshot):
         budget: float | None = None  # an operator's bound is whole slots: no part of one past it
         if operator is None or new_limit < operator.max_limit:
             budget = getattr(self.controller, "budget", None)  # optional in the protocol
-        limiter = self.limiter
         old_limit = limiter.limit
         if new_limit == old_limit:
             if limiter.budget != budget_of(new_limit, budget):
