@@ -197,7 +197,10 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
 # our requests free on a card that holds many of them, where those admitted into it fail to allocate;
 # a neighbour that stays while inputs grow (their level runs out at an exact fit) and then leaves,
-# a neighbour that comes to a full card, and inputs that shrink to a seventh, read every quarter second.
+# a neighbour that comes to a full card, inputs that shrink to a seventh, read every quarter second, a
+# neighbour that leaves room for one request, where those that failed to allocate look like requests
+# that shrank, and a mix of routes read every half second, whose small ones hold too little to tell
+# whether the own count follows them.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
@@ -205,6 +208,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("compound", 72, "2x"),
     ("compound", 89, "2x"),
     ("readings", 29, "2x"),
+    ("readings", 39, "closed-32"),
+    ("readings", 17024, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s).

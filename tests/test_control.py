@@ -1298,6 +1298,40 @@ def test_a_rise_the_own_count_read_is_kept_where_requests_that_failed_hold_nothi
     assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
 
 
+def test_the_own_count_still_agrees_after_a_reading_of_requests_that_held_too_little_to_tell() -> None:
+    """Five small requests of a mix (1 GiB each where the mean is 3) hold too little for the own count
+    to tell whether it follows our requests; at the next reading four large ones (3.75 GiB) fill the
+    card. The own count agreed before the small ones and reads the others where they were: the large
+    ones are ours, not a neighbour's rise (forgetting its agreement, the model took the others to 11
+    GiB and held them there)."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    memory.add(now_s + 0.1, 5, 13 * GiB, TOTAL, own_bytes=11 * GiB)
+    for i in range(2):
+        memory.add(now_s + 0.2 + 0.1 * i, 4, 23 * GiB, TOTAL, own_bytes=21 * GiB)
+        estimate = memory.estimate()
+        assert estimate is not None
+        assert estimate.baseline_bytes == pytest.approx(8 * GiB, rel=0.01)
+        assert estimate.per_request_bytes > 3 * GiB
+
+
+def test_requests_that_hold_little_on_a_card_with_no_room_for_one_are_no_confirmed_shrink() -> None:
+    """A neighbour leaves room for one 3 GiB request; two are in flight and one failed to allocate
+    (it holds nothing until its OOM is told). Pairs of readings in a row look like sizes that shrank
+    to 1.5 GiB, but on a card without room for one request of the size before, requests that hold
+    nothing may have failed: each pair moves the size a step, not the whole way (taken whole, the
+    model let two in, and the next OOMs followed)."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    for n in (1, 1) + (2,) * 6:
+        now_s += 0.1
+        memory.oldest_in_flight(now_s - 0.05)
+        memory.add(now_s, n, int(23.5 * GiB), TOTAL, own_bytes=9 * GiB)
+        estimate = memory.estimate()
+        assert estimate is not None and estimate.per_request_bytes > 1.9 * GiB
+        assert memory.cap() == 1
+
+
 def _beside_a_neighbour(memory: MemoryModel, neighbour_gib: int, requests: int) -> float:
     """`_steady_on_own_count`, then five readings with a neighbour of `neighbour_gib` beside the 8 GiB
     of others and `requests` of ours that fill the card with it, the own count beside each. The

@@ -49,7 +49,7 @@ SHARE_UP, SHARE_DOWN = 0.2, 0.1
 # sizes last changed showed each holding: readings catch requests before their peak.
 SIZE_QUANTILE = 0.9
 MIN_QUANTILE_READINGS = 4
-OWN_SHARE = 0.5  # the least of its requests' bytes the process's own count must show to be believed
+OWN_SHARE = 0.5  # the least of its requests' bytes the process's own count must show to tell it follows them
 HOLLOW_SHARE = 0.25  # a reading whose requests hold less than this of the mean each teaches no size
 SHARE_SHRUNK = 0.25  # how far a first step of a shrink moves the size (two readings in a row)
 # The least a request (or unit of cost) is taken to hold, as a share of the card: never 0 bytes.
@@ -188,12 +188,14 @@ class MemoryModel:
     def _own_told(self, in_flight: float, used: float) -> bool:
         """Whether the own count told our requests' bytes at this reading (the card less them is the
         others' bytes the model holds). Only then is the next reading's count believed: a framework
-        that allocates outside PyTorch's allocator never gets there."""
+        that allocates outside PyTorch's allocator never gets there. Where our requests hold too little
+        to tell (a mix's small ones, requests not allocated yet or failed), the last answer stands."""
         mean, others = self._per_request, self._baseline
         if self._ours is None or mean is None or others is None:
             return self._own_agrees if in_flight <= 0 else False
-        agrees = abs(used - self._ours - others) <= self._own_slack(in_flight)
-        return agrees and self._ours >= OWN_SHARE * mean * in_flight
+        if self._ours < OWN_SHARE * mean * in_flight:
+            return self._own_agrees
+        return abs(used - self._ours - others) <= self._own_slack(in_flight)
 
     def _own_slack(self, in_flight: float) -> float:
         """How far the card less the own count may stray from the others' bytes and still agree."""
@@ -389,9 +391,11 @@ class MemoryModel:
 
     def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
         """Whether this step of a shrink comes at the very next pair of readings after the last (at
-        reading `last_step`), on a card with room: then it is taken whole, not a quarter of the way.
-        Not on a full card, where requests that hold nothing are those that failed to allocate."""
-        roomy = self._total_bytes - used >= MIN_REQUEST_FRACTION * self._total_bytes
+        reading `last_step`), on a card with room for one more request of the size before: then it is
+        taken whole, not a quarter of the way. Not without it, where requests that hold nothing may be
+        those that failed to allocate."""
+        assert self._per_request is not None
+        roomy = self._total_bytes - used >= self._per_request
         return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
 
     def _others_read(self, relieved: float, reads: list[float]) -> float | None:
