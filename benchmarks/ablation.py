@@ -153,6 +153,17 @@ def mean_size() -> AIMD:
     return AIMD(memory=_MeanSize())
 
 
+class _NamedSizeKept(MemoryModel):
+    def units_changed(self) -> None:
+        self._size_read = None  # nothing to come back to
+        super().units_changed()
+
+
+def named_size_kept() -> AIMD:
+    """A size an OOM named stays when the routes get weights, as the size of the mean request (a slot)."""
+    return AIMD(memory=_NamedSizeKept())
+
+
 def unowned(controller: AIMD) -> AIMD:
     """`controller` reading the card as a probe that does not tell the process's own bytes does (NVML
     alone): the others' bytes are inferred from the count in flight alone."""
@@ -192,6 +203,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "a quarter a step": quarter_steps,
     "whole steps on a full card": whole_steps_on_a_full_card,
     "mean size": mean_size,
+    "named size kept across weights": named_size_kept,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
@@ -200,7 +212,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # a neighbour that comes to a full card, inputs that shrink to a seventh, read every quarter second, a
 # neighbour that leaves room for one request, where those that failed to allocate look like requests
 # that shrank, and a mix of routes read every half second, whose small ones hold too little to tell
-# whether the own count follows them.
+# whether the own count follows them, and a mix of routes whose large one an OOM named before the weights.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
@@ -210,6 +222,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 29, "2x"),
     ("readings", 39, "closed-32"),
     ("readings", 17024, "2x"),
+    ("readings", 23037, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s).

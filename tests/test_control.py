@@ -584,6 +584,30 @@ def test_inputs_that_grow_read_first_as_the_others_rise_are_learnt_from_the_oom_
     assert c.limit <= 2
 
 
+def test_a_size_an_oom_named_gives_way_to_the_readings_when_the_routes_get_weights() -> None:
+    """Requests read at 3 GiB, and an OOM names 9 GiB: taken for inputs that grew, a request holds 9
+    from now on. But it was one request of a large route, and when the routes get their weights a slot
+    means the mean request again: kept, 9 GiB a slot left room for none where five fit (a mix of
+    routes held at one request for 2.5 s). The readings' size from before the OOM comes back; where
+    readings since showed the new size, it stays."""
+    named = MemoryModel()
+    now_s = _steady_on_own_count(named, own_moves=True)
+    assert named.learn_size(9 * GiB, 1, now_s + 0.01)
+    assert named.cap() == 1
+    named.units_changed()
+    estimate = named.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert named.cap() == 5
+    read = MemoryModel()
+    now_s = _steady_on_own_count(read, own_moves=True)
+    assert read.learn_size(9 * GiB, 1, now_s + 0.01)
+    for i in range(3):  # one request in flight, holding the 9 GiB the OOM named
+        read.add(now_s + 0.1 * (i + 1), 1, 17 * GiB, TOTAL, own_bytes=15 * GiB)
+    read.units_changed()
+    estimate = read.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(9 * GiB)
+
+
 def test_inputs_that_grow_among_many_in_flight_are_learnt_from_the_oom_though_the_readings_look_like_a_mix() -> None:
     """Thirty-two requests of 0.67 GiB run on a 48 GiB card; inputs grow to 1.51 GiB. The next reading
     catches six new ones among the old, and the process's own count says the extra bytes are ours: read

@@ -121,6 +121,8 @@ class MemoryModel:
         self.ooms = OomStates()
         # A size an OOM named (`learn_size`) and when: held while requests from before it may run.
         self._size_floor: tuple[float, float] | None = None
+        # The size the readings gave before an OOM named a larger one (None: the readings' own since).
+        self._size_read: float | None = None
         # This process's live bytes with nothing of ours in flight (the last read), and what our
         # requests held by that count at the last reading (None where the probe does not tell).
         self._own_idle: int | None = None
@@ -322,13 +324,17 @@ class MemoryModel:
 
     def units_changed(self) -> None:
         """What one slot holds changed (routes got their weights): readings before are in other units,
-        and the levels OOMs barred were another load. The estimates stay: the scale is kept."""
+        and the levels OOMs barred were another load. The estimates stay (the scale is kept), but for a
+        size an OOM named: the readings' from before it comes back."""
         self._recent.clear()
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
         self._size_before = self._shrunk = self._quantile = None
         self.ooms.forget()
+        if self._size_read is not None:
+            # A size an OOM named was one request's, of whichever route: a slot is the mean request now.
+            self._per_request, self._size_read, self._size_floor = self._size_read, None, None
 
     def _changed(self) -> None:
         """The card changed: no line through readings from before and after. The shares stay."""
@@ -444,11 +450,13 @@ class MemoryModel:
                 self._sizes_changed()
                 most = max(s for s, _ in self._hollow)  # the most cautious of them
                 self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, most)
+                self._size_read = None
                 self._shares.extend(self._hollow)
                 self._spread_sq = 0.0  # none above the most cautious: the spread is learned anew
                 self._hollow.clear()
             return
         self._hollow.clear()
+        self._size_read = None
         self._shares.append((share, in_flight))
         if self._per_request is None:
             self._per_request = share
@@ -507,7 +515,7 @@ class MemoryModel:
             return False  # not one line: the window straddles a change (sizes, a neighbour); wait it out
         lowest_used = min(y for _, y in recent)
         self._baseline = min(lowest_used, intercept)
-        self._per_request = slope
+        self._per_request, self._size_read = slope, None
         self._spread_sq = residual_sq / max(1.0, mean_x)  # y strays by sqrt(n) times one request's spread
         return True
 
@@ -601,6 +609,8 @@ class MemoryModel:
         lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
         beyond = 3 * est.spread_bytes if uniform else MIX_SPREAD * est.per_request_bytes
         if settled and (uniform or lately) and per_unit > est.per_request_bytes + beyond:
+            if self._size_read is None:
+                self._size_read = self._per_request
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
             self._sizes_changed()  # readings from before were of smaller requests
