@@ -211,8 +211,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # a neighbour that stays while inputs grow (their level runs out at an exact fit) and then leaves,
 # a neighbour that comes to a full card, inputs that shrink to a seventh, read every quarter second, a
 # neighbour that leaves room for one request, where those that failed to allocate look like requests
-# that shrank, and a mix of routes read every half second, whose small ones hold too little to tell
-# whether the own count follows them, and a mix of routes whose large one an OOM named before the weights.
+# that shrank, a mix of routes read every half second, whose small ones hold too little to tell whether
+# the own count follows them, and a mix of routes whose large one an OOM named before the weights.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
