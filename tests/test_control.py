@@ -584,23 +584,28 @@ def test_inputs_that_grow_read_first_as_the_others_rise_are_learnt_from_the_oom_
     assert c.limit <= 2
 
 
+def _after_an_oom_named_9_gib() -> tuple[MemoryModel, float]:
+    """`_steady_on_own_count` (3 GiB requests), then an OOM that named 9 GiB, taken for inputs that
+    grew. The model, and the time of its last reading."""
+    memory = MemoryModel()
+    now_s = _steady_on_own_count(memory, own_moves=True)
+    assert memory.learn_size(9 * GiB, 1, now_s + 0.01)
+    return memory, now_s
+
+
 def test_a_size_an_oom_named_gives_way_to_the_readings_when_the_routes_get_weights() -> None:
     """Requests read at 3 GiB, and an OOM names 9 GiB: taken for inputs that grew, a request holds 9
     from now on. But it was one request of a large route, and when the routes get their weights a slot
     means the mean request again: kept, 9 GiB a slot left room for none where five fit (a mix of
     routes held at one request for 2.5 s). The readings' size from before the OOM comes back; where
     readings since showed the new size, it stays."""
-    named = MemoryModel()
-    now_s = _steady_on_own_count(named, own_moves=True)
-    assert named.learn_size(9 * GiB, 1, now_s + 0.01)
+    named, _ = _after_an_oom_named_9_gib()
     assert named.cap() == 1
     named.units_changed()
     estimate = named.estimate()
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert named.cap() == 5
-    read = MemoryModel()
-    now_s = _steady_on_own_count(read, own_moves=True)
-    assert read.learn_size(9 * GiB, 1, now_s + 0.01)
+    read, now_s = _after_an_oom_named_9_gib()
     for i in range(3):  # one request in flight, holding the 9 GiB the OOM named
         read.add(now_s + 0.1 * (i + 1), 1, 17 * GiB, TOTAL, own_bytes=15 * GiB)
     read.units_changed()

@@ -426,6 +426,16 @@ def test_an_oom_beside_a_request_that_ran_while_the_weights_changed_is_weaker_ev
     assert core.statistics(0.5).in_flight == 0
 
 
+def two_heavy_admitted(controller: AIMD) -> tuple[GateCore, list[Ticket]]:
+    """A core on `controller` with two requests of "/heavy" admitted at 1 slot each, at time 0."""
+    core = core_with(controller, [0.0])
+    heavy = []
+    for _ in range(2):
+        assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
+        heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
+    return core, heavy
+
+
 def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until_they_leave() -> None:
     """Two heavy requests took 1 slot each; a reading weighs their route 2. The limiter counts the
     slots they took, so it would let two more slots in beside them than the card holds: the limit
@@ -434,11 +444,7 @@ def test_requests_worth_more_after_the_weights_changed_hold_the_difference_until
     6 s where the card is read every quarter second). Once they have left, requests of a fraction of a
     slot, whose worth rounds a hair above the 64ths they took, move nothing."""
     controller = AIMD()
-    core = core_with(controller, [0.0])
-    heavy = []
-    for _ in range(2):
-        assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
-        heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
+    core, heavy = two_heavy_admitted(controller)
     assert core.limiter.limit == controller.limit == 64
     a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.275}, 0.1)
     assert controller.limit == 64 and core.limiter.limit == 62
@@ -464,11 +470,7 @@ def test_the_difference_held_after_a_refit_comes_back_however_the_requests_end(o
     """A failure (an exception, a cancellation, a client gone) or an OOM gives back what a request
     from before the refit was worth beyond its slots, as a success does: the limit is whole again."""
     controller = AIMD()
-    core = core_with(controller, [0.0])
-    heavy = []
-    for _ in range(2):
-        assert core.arrive(30.0, units=1, route="/heavy", now_s=0.0) is ADMITTED
-        heavy.append(core.admitted(0.0, 0.0, 1, "/heavy"))
+    core, heavy = two_heavy_admitted(controller)
     a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.275}, 0.1)
     assert core.limiter.limit == 62
     for ticket in heavy:
