@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from adaptive_gate import AdaptiveGate, Fixed
@@ -37,6 +37,7 @@ def test_a_closed_loop_is_served_in_full_on_virtual_time(mode: str, clients: int
 
 
 @settings(max_examples=40, deadline=None)
+@example(clients=300, limit=6, service_s=0.5, mode="lifo", seed=0, units=0.25)  # counts on unaligned buckets
 @given(
     clients=st.integers(1, 300),
     limit=st.integers(1, 8),

@@ -63,7 +63,12 @@ def _outruns(arrived: int, taken: int) -> bool:
 
 
 class WindowCount:
-    """Events over the last `window_s`, counted in buckets: memory bounded whatever the rate."""
+    """Events over the last `window_s`, counted in buckets: memory bounded whatever the rate.
+
+    A bucket starts at a multiple of its width, the same grid for every counter: two counts over one
+    window then cover the same moments, and their difference is the events'. (Buckets that started at
+    their first event let a count over an interval miss up to a bucket's width that the other held, a
+    quarter of the interval: a closed loop's arrivals, each a moment after a take, read as growth.)"""
 
     __slots__ = ("_buckets",)
 
@@ -71,22 +76,19 @@ class WindowCount:
         self._buckets: deque[list[float]] = deque()  # [bucket start, count], oldest first
 
     def add(self, now_s: float, window_s: float) -> None:
+        width_s = window_s / BUCKETS
+        start_s = math.floor(now_s / width_s) * width_s
         buckets = self._buckets
-        if buckets and now_s - buckets[-1][0] < window_s / BUCKETS:
-            buckets[-1][1] += 1
+        if buckets and buckets[-1][0] >= start_s:
+            buckets[-1][1] += 1  # this bucket (or, after the width changed, the latest)
         else:
-            buckets.append([now_s, 1])
-        self._forget(now_s, window_s)
+            buckets.append([start_s, 1])
+        while buckets[0][0] < now_s - window_s - width_s:
+            buckets.popleft()  # not within the longest window any count asks for
 
     def total(self, now_s: float, window_s: float) -> int:
-        """Events within about the last `window_s` (to a bucket's width)."""
-        self._forget(now_s, window_s)
-        return int(sum(count for _, count in self._buckets))
-
-    def _forget(self, now_s: float, window_s: float) -> None:
-        buckets = self._buckets
-        while buckets and buckets[0][0] < now_s - window_s:
-            buckets.popleft()
+        """Events in the buckets that start within the last `window_s`."""
+        return int(sum(count for start_s, count in self._buckets if start_s >= now_s - window_s))
 
 
 class OverloadDetector:
