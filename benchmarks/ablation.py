@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -164,6 +165,26 @@ def named_size_kept() -> AIMD:
     return AIMD(memory=_NamedSizeKept())
 
 
+class _OwnCountAgainstTheSwing(MemoryModel):
+    _reading = False
+
+    def _read_busy(self, used: float, in_flight: float) -> None:
+        self._reading = True
+        try:
+            super()._read_busy(used, in_flight)
+        finally:
+            self._reading = False
+
+    def _own_slack(self, in_flight: float) -> float:
+        return math.inf if self._reading else super()._own_slack(in_flight)
+
+
+def own_count_against_the_swing() -> AIMD:
+    """The others' rise the own count reads is weighed against how far the readings swing, as a rise by
+    the count in flight is, not against the count's own slack."""
+    return AIMD(memory=_OwnCountAgainstTheSwing())
+
+
 def unowned(controller: AIMD) -> AIMD:
     """`controller` reading the card as a probe that does not tell the process's own bytes does (NVML
     alone): the others' bytes are inferred from the count in flight alone."""
@@ -204,6 +225,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "whole steps on a full card": whole_steps_on_a_full_card,
     "mean size": mean_size,
     "named size kept across weights": named_size_kept,
+    "own count against the swing": own_count_against_the_swing,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
@@ -225,7 +247,9 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 23037, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
-# five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s).
+# five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);
+# the neighbour scenario where requests allocate up to 20 ms after admission, so that readings of one
+# load swing by several requests and, while the worker restarts after an OOM, those in flight hold nothing.
 BEYOND: list[tuple[Scenario, str]] = [
     (
         Scenario(
@@ -238,6 +262,10 @@ BEYOND: list[tuple[Scenario, str]] = [
             capacity_per_s=2.5,
         ),
         "2x",
+    ),
+    (
+        replace(SCENARIOS["neighbour"], name="neighbour, requests allocating up to 20 ms late", start_delay_s=0.02),
+        "closed-32",
     ),
 ]
 # Scenarios run once more with a probe that does not tell the process's own bytes (NVML alone, or a

@@ -1132,6 +1132,31 @@ def test_a_neighbour_that_takes_the_room_of_requests_that_failed_is_read_from_th
     assert unread.cap() == 5
 
 
+def test_the_own_count_reads_a_neighbour_beside_requests_not_allocated_however_the_readings_swing() -> None:
+    """Requests of 3 GiB allocate a while after their admission, so readings of five in flight catch two to
+    five of them allocated: the card less the model's requests swings by 9 GiB from reading to reading.
+    Then a neighbour takes 6 GiB while the five in flight hold nothing (the worker restarting after an
+    OOM, its requests admitted and failing before they allocate). The own count says ours hold nothing:
+    the 6 GiB are the others'. Weighed against the readings' swing, they were taken for our requests, a
+    request read at 1.2 GiB, a mix's spread, and the limit let eight in once the neighbour left (seven
+    OOMs in ten seconds, on virtual time, where the reader had one)."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=8 * GiB)
+    now_s = 0.0
+    for i in range(40):
+        now_s += 0.1
+        allocated = [5, 2, 4, 3, 5, 2, 5, 4][i % 8]
+        used = (8 + 3 * allocated) * GiB
+        memory.add(now_s, 5, used, TOTAL, own_bytes=used)
+    for _ in range(3):
+        now_s += 0.1
+        memory.add(now_s, 5, 14 * GiB, TOTAL, own_bytes=8 * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None
+    assert estimate.baseline_bytes == pytest.approx(14 * GiB)
+    assert memory.cap() <= 3  # (24 - 14) / 3; five where the 6 GiB were taken for ours
+
+
 def test_an_own_count_that_does_not_move_with_the_requests_is_not_believed() -> None:
     """Where the model runs outside PyTorch's allocator, its count stands still while requests run:
     read as the others' bytes, every busy reading would be a neighbour's arrival, and the limit 1."""

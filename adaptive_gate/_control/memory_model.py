@@ -269,13 +269,17 @@ class MemoryModel:
         # The others' bytes before a rise that the next reading has yet to confirm.
         before = self._baseline if self._rise is None else self._rise[0]
         own_others = used - self._ours if self._ours is not None and self._own_agrees else None
-        if own_others is not None and own_others > before + noise_bytes:
+        # The own count is exact: it strays by its own slack, however far the readings move (requests
+        # caught before they allocate, a mix's).
+        own_rose = False
+        if own_others is not None and own_others > before + min(noise_bytes, self._own_slack(in_flight)):
+            own_rose = True
             # The others rose by the own count: believed at least that far, where requests that failed
             # to allocate (holding nothing, still in flight) hide it from the count in flight.
             moved_baseline = max(moved_baseline, own_others)
         jumped = self._jumped(moved_baseline)
         rise, self._rise = self._rise, None
-        if rise is not None and moved_baseline <= rise[0] + noise_bytes:
+        if rise is not None and not own_rose and moved_baseline <= rise[0] + noise_bytes:
             # The last reading's rise is gone at the next: it was our requests (a mix's large ones).
             self._baseline, self._anchored = rise[0], rise[1]
             if self._anchored:
@@ -287,8 +291,8 @@ class MemoryModel:
             return
         if rise is not None and rise[5]:
             self._changed()  # a rise that lasts, and came as a jump: the card changed
-        rose = moved_baseline > self._baseline + noise_bytes
-        if rose and own_others is not None and own_others <= before + noise_bytes and not self._old_sizes_may_run():
+        rose = own_rose or moved_baseline > self._baseline + noise_bytes
+        if rose and own_others is not None and not own_rose and not self._old_sizes_may_run():
             # The own count reads the others where they were: our requests hold more than the model
             # says. (Not while a request from before a shrink may run: that one holds more.)
             self._pending_relief.clear()
