@@ -166,7 +166,7 @@ def named_size_kept() -> AIMD:
 
 
 class _OwnCountAgainstTheSwing(MemoryModel):
-    _reading = False
+    _reading = False  # the slack changes only within `_read_busy`; `_own_told` and `_fit_recent` keep theirs
 
     def _read_busy(self, used: float, in_flight: float) -> None:
         self._reading = True
