@@ -507,6 +507,20 @@ def test_an_allocation_beyond_one_size_says_the_inputs_grew() -> None:
     assert c.limit == 2 and c.describe()["oom"] is None
 
 
+def test_an_allocation_a_light_request_names_beyond_what_any_slot_could_hold_teaches_no_size() -> None:
+    """A request weighed at a sixteenth of a slot (a route weight fitted on a reading of its requests
+    holding nothing) names 12 GiB: read as the inputs that grew, a slot would hold 192 GiB and none
+    fit, and the limit sat at one for seconds until readings brought the size down. The weight is
+    what is wrong: the level that ran out is barred, and the size stays."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, levels=(1, 2, 4) + (5,) * 12)
+    assert not c.allocation_failed(12 * GiB, 1 / 16)  # it fits on the empty card: not too large
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=5)
+    assert c.memory.estimate().per_request_bytes == pytest.approx(3 * GiB, rel=0.01)  # type: ignore[union-attr]
+    assert c.limit == 4
+
+
 def test_inputs_that_grew_read_as_sizes_that_shrank_in_steps_are_believed_from_the_size_an_oom_names() -> None:
     """Inputs grew from 3 to 12 GiB. The larger requests fail before they allocate and hold nothing,
     so the readings say the sizes shrank, a step every two readings. The size the first OOM names is

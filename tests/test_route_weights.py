@@ -113,22 +113,25 @@ def test_requests_that_ran_out_of_memory_are_taken_out_of_the_readings_that_coun
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
     rng = random.Random(4)
     blind, told = RouteWeights(), RouteWeights()
-    doomed: list[tuple[float, int]] = []  # (admitted at, told at reading)
+    doomed: list[tuple[int, int]] = []  # (its serial, told at reading)
+    admitted = 0
     for i in range(100):
         now_s = i * 0.1
         held = {route: rng.randint(0, 3) for route in sizes}
         if rng.random() < 0.3:
-            doomed.append((now_s - 0.05, i + 2))
+            admitted += 1
+            doomed.append((admitted, i + 2))
         used = BASELINE + sum(sizes[route] * n for route, n in held.items())
         counted = held | {"/large": held["/large"] + len(doomed)}
         for weights in (blind, told):
-            weights.observe(used, {route: n * weights.weight(route) for route, n in counted.items()}, now_s=now_s)
-        for admitted_s, _ in [d for d in doomed if d[1] == i]:
-            told.failed("/large", 1, admitted_s)
+            units = {route: n * weights.weight(route) for route, n in counted.items()}
+            weights.observe(used, units, now_s=now_s, admitted=admitted)
+        for serial, _ in [d for d in doomed if d[1] == i]:
+            told.failed("/large", 1, serial)
         doomed = [d for d in doomed if d[1] != i]
     assert blind.fits == 0 and blind.weight("/large") == 1.0
     assert told.fits > 0 and told.weight("/large") / told.weight("/small") == pytest.approx(4.0, rel=0.01)
-    told.failed("/never-seen", 1, 0.0)  # a route with no column: nothing to take out
+    told.failed("/never-seen", 1, 1)  # a route with no column: nothing to take out
     assert told.weight("/large") / told.weight("/small") == pytest.approx(4.0, rel=0.01)
 
 
@@ -492,7 +495,7 @@ def test_a_request_weighed_before_the_weights_changed_is_one_request_when_admitt
     assert core.in_flight_now().by_route == {"/heavy": 1.0}
     assert core.route_weights.slots(core.requests_by_route) == 2.0
     core.release(ticket, 1.0, Outcome.COMPLETED)
-    assert core.in_flight_now() == (0, {"/heavy": 0.0})
+    assert core.in_flight_now()[:2] == (0, {"/heavy": 0.0})
 
 
 @pytest.mark.anyio
@@ -621,7 +624,39 @@ def test_the_core_takes_a_request_that_ran_out_of_memory_out_of_the_route_readin
     core.sample(MemorySample(12 * GiB, 48 * GiB), now[0])  # the heavy one holds nothing: it failed
     core.oom(tickets["/heavy"], now[0])
     core.release(tickets["/heavy"], now[0], Outcome.OOM)
-    _, row, _, _ = weights._recent[-1]  # the reading, as the fit will read it
+    _, row, _, _, _ = weights._recent[-1]  # the reading, as the fit will read it
     assert sorted(row)[-2:] == [0.0, 1.0], "the light one stays, the heavy one is taken out"
     core.release(tickets["/light"], now[0], Outcome.COMPLETED)
     assert core.statistics(now[0]).in_flight == 0
+
+
+def test_a_reading_at_the_very_moment_of_an_admission_loses_the_failed_request_only_where_it_counted_it() -> None:
+    """On virtual time, work and readings of round lengths put a reading and an admission at the same
+    instant, either way round. A large request whose allocation failed leaves the readings that counted
+    it, and no other: by time alone, one of the two orders kept it in flight holding nothing (a route
+    fit on that reading weighed the large route at a sixteenth of the small one, and the limit let its
+    requests in by the handful), and the other would take out a large one that held its bytes."""
+    for reading_first in (False, True):
+        now = [0.0]
+        core = core_with(AIMD(), now)
+        weights = core.route_weights
+        assert weights is not None
+        held = {}
+        for route in ("/light", "/heavy"):
+            assert core.arrive(30.0, route=route, now_s=0.0) is ADMITTED
+            held[route] = core.admitted(0.0, 0.0, 1, route)
+        core.sample(MemorySample(16 * GiB, 48 * GiB), 0.5)  # both hold their bytes: 10 + 2 + 4
+        if reading_first:
+            core.sample(MemorySample(16 * GiB, 48 * GiB), 1.0)
+        assert core.arrive(30.0, route="/heavy", now_s=1.0) is ADMITTED
+        failing = core.admitted(1.0, 0.0, 1, "/heavy")
+        if not reading_first:
+            core.sample(MemorySample(16 * GiB, 48 * GiB), 1.0)  # two heavy in flight, one holding nothing
+        core.oom(failing, 1.3)
+        core.release(failing, 1.3, Outcome.OOM)
+        when_s, row, *_ = weights._recent[-1]
+        assert when_s == 1.0
+        assert sorted(row)[-2:] == [1.0, 1.0], "the reading keeps the light one and the heavy one that held"
+        for ticket in held.values():
+            core.release(ticket, 1.5, Outcome.COMPLETED)
+        assert core.statistics(1.5).in_flight == 0

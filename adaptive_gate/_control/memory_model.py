@@ -603,6 +603,8 @@ class MemoryModel:
         if est is None:
             return False
         per_unit = nbytes / max(units, 1e-9)
+        if per_unit > est.total_bytes - est.baseline_bytes:
+            return False  # no slot that size would fit, yet the request alone would: its weight is wrong, not the size
         # Settled since the sizes last changed, not the card (growth is first read as the others'
         # rise); or soon after a shrink, a size past the one from before by more than a mix's spread.
         before = self._size_before

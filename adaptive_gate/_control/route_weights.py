@@ -36,8 +36,9 @@ class RouteWeights:
         self.by_route: dict[object, float] = {}  # learned weights; a route not here weighs 1
         self._columns: dict[object, int] = {}  # route -> its column in the readings
         self._shares = [0.0] * (OTHERS + 1)  # by column: requests in flight, decayed per reading
-        # (when, slots by column, used bytes, the others' bytes as the memory model held them or None)
-        self._recent: deque[tuple[float, list[float], float, float | None]] = deque(maxlen=window)
+        # (when, slots by column, used bytes, the others' bytes as the memory model held them or None,
+        # requests admitted until then)
+        self._recent: deque[tuple[float, list[float], float, float | None, int]] = deque(maxlen=window)
         self.fits = 0
         self.changed_s = -math.inf  # when the weights last changed (the time the readings carried)
 
@@ -79,12 +80,13 @@ class RouteWeights:
         requests_by_route: dict[object, float],
         others_bytes: float | None = None,
         now_s: float = -math.inf,
+        admitted: int = 0,
     ) -> bool:
         """`observe`, with each route's requests in flight (`requests`) as many slots as they are
         worth now, not the slots they took under older weights (those bend the next fit)."""
         weight = self.weight
         units = {route: n * weight(route) for route, n in requests_by_route.items()}
-        return self.observe(used_bytes, units, others_bytes, now_s)
+        return self.observe(used_bytes, units, others_bytes, now_s, admitted)
 
     def observe(
         self,
@@ -92,10 +94,12 @@ class RouteWeights:
         units_by_route: dict[object, float],
         others_bytes: float | None = None,
         now_s: float = -math.inf,
+        admitted: int = 0,
     ) -> bool:
         """A reading of the card's used bytes at `now_s`, beside the slots each route's requests held
         then, and the others' bytes (weights, neighbours) as the memory model holds them, where it
-        does. True when the weights changed with it: what one slot means changed."""
+        does; `admitted`: the requests admitted until then (the last one's `Ticket.serial`). True when
+        the weights changed with it: what one slot means changed."""
         shares = self._shares
         for column in range(len(shares)):
             shares[column] *= SHARE_DECAY
@@ -109,7 +113,7 @@ class RouteWeights:
         if len(self._columns) < 2:
             return False  # one route: nothing to tell apart
         if any(row):
-            self._recent.append((now_s, row, float(used_bytes), others_bytes))
+            self._recent.append((now_s, row, float(used_bytes), others_bytes, admitted))
         recent = self._recent
         enough = len(recent) >= MIN_READINGS or (
             len(recent) >= MIN_READINGS // 2 and recent[-1][0] - recent[0][0] >= MIN_SPAN_S
@@ -119,15 +123,17 @@ class RouteWeights:
             self.changed_s = now_s
         return changed
 
-    def failed(self, route: object, requests: float, admitted_s: float) -> None:
-        """A request of `route` (`requests` before its weight) admitted at `admitted_s` ran out of
-        memory: the readings since counted it in flight while it held nothing, and it leaves them."""
+    def failed(self, route: object, requests: float, serial: int) -> None:
+        """A request of `route` (`requests` before its weight), the `serial`-th admitted, ran out of
+        memory: the readings since counted it in flight while it held nothing, and it leaves them.
+        Told by the admissions each reading came after, not by time: a reading at the very moment of
+        the admission (on virtual time, work and readings of round lengths) may have come either side."""
         column = self._columns.get(route, OTHERS if len(self._columns) >= MAX_ROUTES else None)
         if column is None:
             return
         slots = requests * self.weight(route)
-        for when_s, row, _, _ in self._recent:
-            if when_s > admitted_s:
+        for _, row, _, _, admitted in self._recent:
+            if admitted >= serial:
                 row[column] = max(0.0, row[column] - slots)
 
     def _column(self, route: object) -> int:
@@ -145,7 +151,7 @@ class RouteWeights:
         route's requests varied on their own and the line explains the readings (a neighbour's
         arrival inside the window does not: wait until it has passed out). Where the slots in flight
         never varied in sum, the baseline is the others' bytes the memory model held at each reading."""
-        rows = [(row, used) for _, row, used, _ in self._recent]
+        rows = [(row, used) for _, row, used, _, _ in self._recent]
         # Whether a route's requests varied, counted in requests, not slots (a light route's slots barely vary).
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
         columns = [c for c in range(OTHERS + 1) if _varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
@@ -153,7 +159,7 @@ class RouteWeights:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        others = [o for _, _, _, o in self._recent if o is not None]
+        others = [o for _, _, _, o, _ in self._recent if o is not None]
         intercept = len(others) < len(rows) or _varies([sum(row) for row, _ in rows])
         if not intercept:
             # The slots in flight summed to one total at every reading (a gate held at its limit): no

@@ -329,7 +329,7 @@ class GateCore(CoreSnapshot):
         self._count_ooms(1, now_s)
         self._swallowed.error_seen()
         if self.route_weights is not None and not ticket.released:  # released, the readings since did not count it
-            self.route_weights.failed(ticket.route, ticket.requests, ticket.admitted_s)
+            self.route_weights.failed(ticket.route, ticket.requests, ticket.serial)
         if too_large:  # cutting would only starve the others; its route's next ones may be answered at the door
             self.too_large_routes.failed(ticket.route, now_s)
         else:
@@ -402,16 +402,16 @@ class GateCore(CoreSnapshot):
     def in_flight_now(self) -> InFlight:
         """The requests in flight, in slots and by route. Safe to call from the probe's thread while
         the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
-        return InFlight(self.limiter.in_flight, self.requests_by_route.copy())
+        return InFlight(self.limiter.in_flight, self.requests_by_route.copy(), self.counters.admitted)
 
     def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
         """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
-            then = InFlight(self.limiter.in_flight, self.requests_by_route)
+            then = InFlight(self.limiter.in_flight, self.requests_by_route, self.counters.admitted)
         if self.route_weights is not None and self.route_weights.reading(
-            sample.used_bytes, then.by_route, self._others_bytes(), now_s
+            sample.used_bytes, then.by_route, self._others_bytes(), now_s, then.admitted
         ):
             # Those in flight hold the slots of the old weights
             counters = self.counters

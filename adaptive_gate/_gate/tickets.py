@@ -35,10 +35,12 @@ def units_of_cost(cost: object) -> float:
 
 
 class InFlight(NamedTuple):
-    """The requests in flight at one moment: slots taken, and requests by route (`RouteWeights`)."""
+    """The requests in flight at one moment: slots taken, requests by route (`RouteWeights`), and how
+    many were admitted until then (a reading counted a ticket whose `serial` is at most that)."""
 
     units: float
     by_route: dict[object, float]
+    admitted: int = 0
 
 
 class Outcome(Enum):
