@@ -376,3 +376,37 @@ def test_a_route_whose_requests_never_fit_is_answered_at_the_door_but_for_one_a_
             core.oom(ticket, now[0] + 0.05, tried_bytes=20 * GiB)
             core.release(ticket, now[0] + 0.05, Outcome.OOM)
     assert core.arrive(30.0, now_s=2.7, route="large") is ADMITTED
+
+
+def test_requests_of_a_route_told_heavier_than_any_that_fit_are_answered_at_the_door_lighter_ones_not() -> None:
+    """One route, its requests told apart by `cost`: the heavy ones (8 slots) never fit, the light ones
+    (1) do. The light ones' successes say nothing of the heavy: after three heavy ones in a row were too
+    large, the next heavy ones are answered at the door (one a second tries the card), while the light
+    ones come in. Each heavy one let in had waited for the card to empty (a request alone always goes
+    in), so a closed loop of them kept the card idle: 13 requests a second served where 55 fit."""
+    from adaptive_gate.core import Reason
+
+    now = [0.0]
+    core = core_at(now)
+    core.sample(MemorySample(8 * GiB, 24 * GiB, oom_count=0), now[0])
+    for step in range(3):
+        now[0] = 0.1 + step * 0.1
+        assert core.arrive(30.0, now_s=now[0], units=8) is ADMITTED
+        heavy = core.admitted(now[0], 0.0, 8)
+        assert core.oom(heavy, now[0] + 0.05, tried_bytes=20 * GiB) is True  # alone: too large
+        core.release(heavy, now[0] + 0.05, Outcome.OOM)
+        assert core.arrive(30.0, now_s=now[0] + 0.05, units=1) is ADMITTED
+        core.release(core.admitted(now[0] + 0.05, 0.0, 1), now[0] + 0.08, Outcome.COMPLETED)  # a light one fits
+    now[0] = 0.5
+    assert core.arrive(30.0, now_s=now[0], units=8) is Reason.TOO_LARGE
+    assert core.arrive(30.0, now_s=now[0], units=12) is Reason.TOO_LARGE  # heavier still
+    light = core.enter(30.0, 1, None, now[0], now[0])  # a light one walks straight in
+    assert light is not None
+    core.release(light, 0.6, Outcome.COMPLETED)
+    assert core.arrive(30.0, now_s=1.2, units=8) is ADMITTED  # a second on: one tries the card
+    tried = core.admitted(1.2, 0.0, 8)
+    assert core.arrive(30.0, now_s=1.3, units=8) is Reason.TOO_LARGE
+    core.release(tried, 1.5, Outcome.COMPLETED)  # it fitted: the heavy ones come in again
+    assert core.arrive(30.0, now_s=1.6, units=8) is ADMITTED
+    core.release(core.admitted(1.6, 0.0, 8), 1.7, Outcome.COMPLETED)
+    assert core.statistics(1.7).in_flight == 0

@@ -239,6 +239,34 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
     assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + 0.02 * ours.completed
 
 
+def test_requests_told_heavier_than_the_card_holds_leave_it_to_those_that_fit() -> None:
+    """Half the requests of one route are told through `cost` to weigh 8 of the others and need 30 GiB
+    where the card has 28 beside the weights: each runs out of memory even alone. Let in one by one, each
+    waited for the card to empty, and 32 clients were served 12.5 requests a second; answered at the door
+    (but for one a second, and those already in the line), the light ones get the card."""
+    import random
+
+    from adaptive_gate._gate.too_large import RETRY_S
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Phase, Scenario
+    from benchmarks.virtual import one_run, reader_run
+
+    light, heavy = int(3.73 * GiB), int(29.8 * GiB)
+
+    def size(rng: random.Random) -> int:
+        return heavy if rng.random() < 0.5 else light
+
+    scenario = Scenario(
+        "too-heavy", "", [Phase(0.0, size)], total_bytes=48 * GiB, weights_bytes=int(20.1 * GiB),
+        capacity_per_s=60.0, cost=lambda nbytes: nbytes / light,
+    )  # fmt: skip
+    ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1, cost=scenario.cost)
+    theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
+    assert ours.completed >= 0.95 * theirs.completed
+    assert ours.too_large <= 32 + DURATION_S / RETRY_S  # those in the line when the door closed, then one a second
+    assert ours.completed >= 0.8 * 60.0 * DURATION_S  # the card runs six light ones at once at full speed
+
+
 @pytest.mark.parametrize(("total_gib", "size_gib", "room_gib"), [(8, 0.6, 5.5), (141, 3, 135), (16, 1.8, 8.99)])
 def test_the_reader_runs_every_request_the_room_it_reads_holds(
     total_gib: int, size_gib: float, room_gib: float

@@ -146,7 +146,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
             return Reason.DEADLINE
-        if self._too_large_by_route and self.too_large_routes.refuses(route, now_s):
+        if self._too_large_by_route and self.too_large_routes.refuses(route, now_s, units):
             return Reason.TOO_LARGE
         if self.limiter.try_acquire(units, now_s=now_s):
             return ADMITTED
@@ -170,7 +170,7 @@ class GateCore(CoreSnapshot):
         mean_s = self._mean_by_route.get(route)
         if mean_s is not None and mean_s > timeout_s:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
-        if self._too_large_by_route and self.too_large_routes.closed(route):
+        if self._too_large_by_route and self.too_large_routes.closed(route, units):
             return None  # `arrive` decides: "too_large" at the door, or a request let through to try the card
         limiter = self.limiter
         busy_area = limiter.take(units, now_s)
@@ -300,7 +300,7 @@ class GateCore(CoreSnapshot):
         self.service_s.add(latency_s)
         self.services.add(ticket.route, latency_s, now_s)
         if self._too_large_by_route:
-            self.too_large_routes.served(ticket.route)
+            self.too_large_routes.served(ticket.route, ticket.units)
         limit = limiter.limit
         demand = in_flight >= limit or limiter.queued > 0
         controller, operator = self.controller, self.operator
@@ -331,7 +331,7 @@ class GateCore(CoreSnapshot):
         if self.route_weights is not None and not ticket.released:  # released, the readings since did not count it
             self.route_weights.failed(ticket.route, ticket.requests, ticket.serial)
         if too_large:  # cutting would only starve the others; its route's next ones may be answered at the door
-            self.too_large_routes.failed(ticket.route, now_s)
+            self.too_large_routes.failed(ticket.route, now_s, ticket.units)
         else:
             # The level that ran out: as many as ran when it came in (its allocation may have failed
             # then, and been told a forward pass later, with fewer in flight), or run now.

@@ -12,9 +12,16 @@ So a route whose last `IN_A_ROW` requests were all too large, with no success be
 again (a neighbour left, the inputs changed). The first success of the route lets it in again. A
 route whose too-large requests come among ones that fit (one large input now and then) never gets
 there: their successes clear the count.
+
+Where `cost` tells a route's requests apart, the door is for those at least as heavy as the lightest
+that was too large, and only a success that heavy opens it: a light request that fits says nothing
+of a heavy one, and each heavy one let in waits for the card to empty (a request alone always goes
+in) before it fails.
 """
 
 from __future__ import annotations
+
+import math
 
 __all__ = ["IN_A_ROW", "RETRY_S", "TooLargeRoutes"]
 
@@ -24,36 +31,44 @@ MAX_ROUTES = 64  # routes remembered (bounded, whatever the app has): the oldest
 
 
 class TooLargeRoutes:
-    """Per route: how many requests in a row were too large, and when one was last let through."""
+    """Per route: how many requests in a row were too large, when one was last let through, and the
+    fewest slots one of them weighed."""
 
     def __init__(self) -> None:
-        # route -> [too large in a row, last let through]; empty while every route's last request fitted,
-        # which every admission and success asks (one truth test of a dict, as `ServiceEstimates.mean_by_route`)
+        # route -> [too large in a row, last let through, the fewest slots of those]; empty while no route's
+        # requests were too large since one as heavy fitted, which every admission and success asks (one
+        # truth test of a dict, as `ServiceEstimates.mean_by_route`)
         self.by_route: dict[object, list[float]] = {}
 
-    def failed(self, route: object, now_s: float) -> None:
-        """A request of `route` was too large for the card."""
+    def failed(self, route: object, now_s: float, units: float) -> None:
+        """A request of `route` that weighed `units` slots was too large for the card."""
         entry = self.by_route.get(route)
         if entry is None:
             if len(self.by_route) >= MAX_ROUTES:
                 del self.by_route[next(iter(self.by_route))]
-            self.by_route[route] = [1.0, now_s]
+            self.by_route[route] = [1.0, now_s, units]
         else:
             entry[0] += 1
+            entry[2] = min(entry[2], units)
 
-    def served(self, route: object) -> None:
-        """A request of `route` succeeded: the card takes its requests."""
-        self.by_route.pop(route, None)
-
-    def closed(self, route: object) -> bool:
-        """Whether `route`'s last `IN_A_ROW` requests were too large: `refuses` decides for each."""
+    def served(self, route: object, units: float) -> None:
+        """A request of `route` that weighed `units` slots succeeded: the card takes its requests as
+        heavy as that (one lighter than those that failed says nothing of them)."""
         entry = self.by_route.get(route)
-        return entry is not None and entry[0] >= IN_A_ROW
+        if entry is not None and units >= entry[2]:
+            del self.by_route[route]
 
-    def refuses(self, route: object, now_s: float) -> bool:
-        """Whether a request of `route` arriving at `now_s` is answered `too_large` at the door: its
-        last `IN_A_ROW` were, and one was let through less than `RETRY_S` ago."""
-        if not self.closed(route):
+    def closed(self, route: object, units: float = math.inf) -> bool:
+        """Whether `route`'s last `IN_A_ROW` requests at least as heavy as the lightest of them were too
+        large, and a request of `units` is that heavy: `refuses` decides for each."""
+        entry = self.by_route.get(route)
+        return entry is not None and entry[0] >= IN_A_ROW and units >= entry[2]
+
+    def refuses(self, route: object, now_s: float, units: float) -> bool:
+        """Whether a request of `route` weighing `units` arriving at `now_s` is answered `too_large` at
+        the door: the route's last `IN_A_ROW` that heavy were, and one was let through less than
+        `RETRY_S` ago."""
+        if not self.closed(route, units):
             return False
         entry = self.by_route[route]
         if now_s - entry[1] >= RETRY_S:
