@@ -674,4 +674,4 @@ def test_a_request_of_a_weighed_route_takes_the_64ths_above_its_weight_never_few
     assert core.weigh("/heavy", 1) == 137 / 64
     assert core.weigh("/light", 2) == 69 / 64  # 1.072 of a slot
     assert core.weigh("/exact", 1) == 32 / 64  # a weight of whole 64ths takes those
-    assert core.weigh("/light", 1e-6) == 1 / 64  # at least one
+    assert core.weigh("/light", 1e-6) == core.weigh("/light", 1e-12) == 1 / 64  # at least one
