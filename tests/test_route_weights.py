@@ -611,23 +611,28 @@ def test_the_core_tells_routes_apart_at_its_limit() -> None:
     assert core.statistics(now[0]).in_flight == 0 and all(units == 0 for units in core.requests_by_route.values())
 
 
-def test_the_core_takes_a_request_that_ran_out_of_memory_out_of_the_route_readings() -> None:
-    now = [0.0]
-    core = core_with(AIMD(), now)
+def light_and_heavy_admitted() -> tuple[GateCore, RouteWeights, dict[str, Ticket]]:
+    """A core that learns memory, with one request of `/light` and one of `/heavy` admitted at 0 s."""
+    core = core_with(AIMD(), [0.0])
     weights = core.route_weights
     assert weights is not None
     tickets = {}
     for route in ("/light", "/heavy"):
-        assert core.arrive(30.0, route=route, now_s=now[0]) is ADMITTED
-        tickets[route] = core.admitted(now[0], 0.0, 1, route)
-    now[0] += 0.1
-    core.sample(MemorySample(12 * GiB, 48 * GiB), now[0])  # the heavy one holds nothing: it failed
-    core.oom(tickets["/heavy"], now[0])
-    core.release(tickets["/heavy"], now[0], Outcome.OOM)
+        assert core.arrive(30.0, route=route, now_s=0.0) is ADMITTED
+        tickets[route] = core.admitted(0.0, 0.0, 1, route)
+    return core, weights, tickets
+
+
+def test_the_core_takes_a_request_that_ran_out_of_memory_out_of_the_route_readings() -> None:
+    core, weights, tickets = light_and_heavy_admitted()
+    now_s = 0.1
+    core.sample(MemorySample(12 * GiB, 48 * GiB), now_s)  # the heavy one holds nothing: it failed
+    core.oom(tickets["/heavy"], now_s)
+    core.release(tickets["/heavy"], now_s, Outcome.OOM)
     _, row, _, _, _ = weights._recent[-1]  # the reading, as the fit will read it
     assert sorted(row)[-2:] == [0.0, 1.0], "the light one stays, the heavy one is taken out"
-    core.release(tickets["/light"], now[0], Outcome.COMPLETED)
-    assert core.statistics(now[0]).in_flight == 0
+    core.release(tickets["/light"], now_s, Outcome.COMPLETED)
+    assert core.statistics(now_s).in_flight == 0
 
 
 def test_a_reading_at_the_very_moment_of_an_admission_loses_the_failed_request_only_where_it_counted_it() -> None:
@@ -637,14 +642,7 @@ def test_a_reading_at_the_very_moment_of_an_admission_loses_the_failed_request_o
     fit on that reading weighed the large route at a sixteenth of the small one, and the limit let its
     requests in by the handful), and the other would take out a large one that held its bytes."""
     for reading_first in (False, True):
-        now = [0.0]
-        core = core_with(AIMD(), now)
-        weights = core.route_weights
-        assert weights is not None
-        held = {}
-        for route in ("/light", "/heavy"):
-            assert core.arrive(30.0, route=route, now_s=0.0) is ADMITTED
-            held[route] = core.admitted(0.0, 0.0, 1, route)
+        core, weights, held = light_and_heavy_admitted()
         core.sample(MemorySample(16 * GiB, 48 * GiB), 0.5)  # both hold their bytes: 10 + 2 + 4
         if reading_first:
             core.sample(MemorySample(16 * GiB, 48 * GiB), 1.0)

@@ -190,8 +190,8 @@ class GateCore(CoreSnapshot):
             return units
         # Up to the next 64th, not the nearest: slots counted short of the bytes they stand for filled a
         # budget a hair past the room (a route weighing 0.536 counted at 0.531 ran out at 5.86 of 5.87).
-        slots = math.ceil(units * weight / COST_QUANTUM - 1e-9) * COST_QUANTUM
-        return units_of_cost(min(MAX_COST, max(COST_QUANTUM, slots)))
+        slots = math.ceil(units * weight / COST_QUANTUM - 1e-9) * COST_QUANTUM  # a 64th exactly: no rounding left
+        return min(MAX_COST, max(COST_QUANTUM, slots))
 
     @staticmethod
     def granted(waiter: Waiter) -> tuple[float, float]:
