@@ -94,6 +94,16 @@ def no_slot_held_on_a_full_card() -> AIMD:
     return AIMD(memory=_NeverPressed())
 
 
+class _NeverStarved(MemoryModel):
+    def _starved(self, in_flight: float, free_bytes: float) -> int:
+        return 0
+
+
+def no_room_left_for_the_starved() -> AIMD:
+    """Requests of ours that hold nothing on a full card say nothing: the model's fit is refilled."""
+    return AIMD(memory=_NeverStarved())
+
+
 class _AnyPairShrinks(MemoryModel):
     def _size_read_lately(self, floor: float) -> bool:
         return False
@@ -220,6 +230,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no slot held after an OOM": _NoSlotHeldAfterOom,
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
+    "refills beside the starved": no_room_left_for_the_starved,
     "any pair a shrink": any_pair_shrinks,
     "a quarter a step": quarter_steps,
     "whole steps on a full card": whole_steps_on_a_full_card,
@@ -234,7 +245,9 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # a neighbour that comes to a full card, inputs that shrink to a seventh, read every quarter second, a
 # neighbour that leaves room for one request, where those that failed to allocate look like requests
 # that shrank, a mix of routes read every half second, whose small ones hold too little to tell whether
-# the own count follows them, and a mix of routes whose large one an OOM named before the weights.
+# the own count follows them, a mix of routes whose large one an OOM named before the weights, and two
+# neighbours that wait for most of a full card (of 29 requests; of 9, read every tenth of a second),
+# which take what ours free before the refills can.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
@@ -245,6 +258,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 39, "closed-32"),
     ("readings", 17024, "2x"),
     ("readings", 23037, "2x"),
+    ("many", 81028, "2x"),
+    ("readings", 81037, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -1536,3 +1536,49 @@ def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
     assert estimate is not None and memory.is_mix()
     assert estimate.per_request_bytes < 2.5 * GiB  # the mean; readings of two large ones show 3.75 each
     assert memory.cap() == 5
+
+
+def test_requests_a_full_card_holds_nothing_for_leave_their_room_to_the_others_until_the_next_reading() -> None:
+    """A neighbour that waits for memory takes each byte ours free before a request of ours can. One of
+    five in flight holds nothing on a full card (its allocation failed; the error is not raised yet):
+    the others want at least its room more than they hold. The model says four fit beside what the
+    others hold now; refilled to four, the refill would fail as that one did. Until the next reading
+    the limit leaves the others its room; then, with none starved, four fit again."""
+    c = AIMD()
+    bound(c, initial=1)
+
+    def read(now_s: float, n: int, used_gib: float, own_gib: float) -> None:
+        sample = MemorySample(int(used_gib * GiB), TOTAL, allocated_bytes=int(own_gib * GiB))
+        c.on_sample(now_s=now_s, sample=sample, in_flight=n)
+
+    read(0.0, 0, 8, 8)  # the weights, this process's own
+    now_s = 0.0
+    for n in (1, 2, 4) + (5,) * 10:
+        now_s += 0.1
+        read(now_s, n, 8 + 3 * n, 8 + 3 * n)
+    assert c.limit == 5
+    now_s += 0.1
+    read(now_s, 5, 24, 20)  # four hold their 3 GiB; the other 12 GiB are the others'
+    assert c.describe()["memory_model"]["cap"] == 4
+    assert c.limit == 3 and c.describe()["bound"] == "memory"
+    assert "1 of ours hold nothing on a full card" in c.describe()["why"]
+    c.on_success(now_s=now_s + 0.05, latency_s=0.3, concurrency=4, demand=True)
+    now_s += 0.1
+    read(now_s, 4, 24, 20)  # the one failed and left; one finished, refilled; the others hold what they held
+    assert c.limit == 4 and c.describe()["bound"] == "memory"
+
+
+def test_a_request_admitted_and_not_started_on_a_card_with_its_room_free_is_not_starved() -> None:
+    """Between its admission and its allocation a request holds nothing (a loaded event loop, a
+    decode on the CPU): with its room free beside the others, nothing was taken from it."""
+    c = AIMD()
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL, allocated_bytes=8 * GiB), in_flight=0)
+    now_s = 0.0
+    for n in (1, 2, 4) + (5,) * 10:
+        now_s += 0.1
+        used = (8 + 3 * n) * GiB
+        c.on_sample(now_s=now_s, sample=MemorySample(used, TOTAL, allocated_bytes=used), in_flight=n)
+    used = (8 + 3 * 4) * GiB  # five in flight, one of them not started: its 3 GiB are free
+    c.on_sample(now_s=now_s + 0.1, sample=MemorySample(used, TOTAL, allocated_bytes=used), in_flight=5)
+    assert c.limit == 5 and c.memory.starved == 0

@@ -211,6 +211,26 @@ def test_a_neighbour_that_comes_to_a_full_card_gets_the_first_room_freed_not_a_r
     assert set(result.limits_between(0.5 * DURATION_S + 1.0, DURATION_S)) == {3}
 
 
+def test_a_neighbour_that_waits_for_most_of_a_card_full_of_many_gets_what_ours_free_not_our_refills() -> None:
+    """Twenty-nine 1.2 GiB requests of 0.2 s fill a 40 GiB card beside 5 GiB of weights; a neighbour that
+    wants 20 GiB comes for the middle third and takes each byte ours free before a refill can. The
+    model reads the others' bytes as they stand, and let the refills of what ours freed in: every few
+    readings a cohort of them failed to allocate (12 OOMs where the reader has 6). Requests of ours
+    that hold nothing on a full card say the others want their room: it is left to them until the
+    next reading."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Scenario, Size
+    from benchmarks.scenarios import middle_third
+    from benchmarks.virtual import one_run, reader_run
+
+    phases = middle_third(Size(int(1.2 * GiB)), 20 * GiB)
+    card = {"total_bytes": 40 * GiB, "weights_bytes": 5 * GiB, "work_s": 0.2, "capacity_per_s": 30.0}
+    scenario = Scenario("many-beside-a-waiting-neighbour", "", phases, **card)
+    ours = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
+    theirs = reader_run(scenario, "2x", DURATION_S, 1)
+    assert ours.ooms <= theirs.ooms + len(phases) - 1
+
+
 def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_fit() -> None:
     """A quarter of the requests take a route whose requests need 11 GiB where the card has 10.5
     beside the weights: each runs out of memory even alone, a third of its work in. Answered that

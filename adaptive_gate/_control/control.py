@@ -166,10 +166,11 @@ class AIMD(_Bounds):
         self.ooms_seen = 0
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
-        # Until the next reading, the most the limit may be after an OOM (`after_oom`), or after the others
-        # rose into a full card ("memory"); None: no such hold
+        # Until the next reading, the most the limit may be (None: no such hold), and why: "oom" after an
+        # OOM (`after_oom`), "pressed" after the others rose into a full card, "starved" while requests
+        # of ours hold nothing on a full card (`MemoryModel.starved`)
         self._until_reading: int | None = None
-        self._until_reading_bound = "oom"
+        self._until_reading_cause = "oom"
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -280,7 +281,14 @@ class AIMD(_Bounds):
             # The others rose into a full card: whatever our requests free may be theirs. A slot less
             # till a reading after one of ours finished (`MemoryModel.pressed`).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
-            self._until_reading_bound = "memory"
+            self._until_reading_cause = "pressed"
+        cap = self.memory.cap(now_s)
+        if self.memory.starved and cap is not None:
+            # Ours that hold nothing on a full card: the others took their room and want at least that
+            # much more than they hold, so refills of what ours free would fail as they did.
+            left = max(self.min_limit, cap - self.memory.starved)
+            if self._until_reading is None or left < self._until_reading:
+                self._until_reading, self._until_reading_cause = left, "starved"
         self._update("memory", at_most=self._most_after_reading(now_s))
 
     def _most_after_reading(self, now_s: float) -> int | None:
@@ -300,7 +308,7 @@ class AIMD(_Bounds):
             return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
-            self._until_reading, self._until_reading_bound = held, "oom"
+            self._until_reading, self._until_reading_cause = held, "oom"
         self._update("out of memory", at_most=self._limit)
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
@@ -363,7 +371,7 @@ class AIMD(_Bounds):
         if cap is None:
             return self._aimd_limit, "controller"
         if self._until_reading is not None and self._until_reading < cap:
-            return self._until_reading, self._until_reading_bound
+            return self._until_reading, "oom" if self._until_reading_cause == "oom" else "memory"
         if self.memory.ooms.describe(self._now_s, self.memory.room()) is not None and cap == self._oom_cap():
             return cap, "oom"
         return cap, "memory"
@@ -397,10 +405,14 @@ class AIMD(_Bounds):
             f"{est.per_request_bytes / GiB:.2f} GiB a request"
         )
         until = self._until_reading
-        if until is not None and until == self._wanted()[0] and self._until_reading_bound == bound:
-            if bound == "memory":
+        if until is not None and (until, bound) == self._wanted():
+            cause = self._until_reading_cause
+            if cause == "pressed":
                 until_freed = f"{until} till one of ours frees its bytes"
                 return f"memory: the others rose into a full card: {until_freed}; {figures}"
+            if cause == "starved":
+                starved = f"{self.memory.starved} of ours hold nothing on a full card (the others took their room)"
+                return f"memory: {starved}: {until} till the next reading; {figures}"
             return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())

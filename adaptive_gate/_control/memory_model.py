@@ -137,6 +137,8 @@ class MemoryModel:
         # each byte we free.
         self.pressed = False
         self._served_since = False  # whether a request of ours finished since the last reading
+        # Of ours in flight at the last reading, how many held nothing on a card without their room (`_starved`)
+        self.starved = 0
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
 
@@ -165,6 +167,7 @@ class MemoryModel:
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
             self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
+            self.starved = self._starved(in_flight, total_bytes - used_bytes)
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
@@ -203,6 +206,19 @@ class MemoryModel:
         """How far the card less the own count may stray from the others' bytes and still agree."""
         assert self._per_request is not None
         return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
+
+    def _starved(self, in_flight: float, free_bytes: float) -> int:
+        """How many of ours in flight hold nothing (less than `HOLLOW_SHARE` of a request) by the own
+        count, beyond those the free bytes still have room for. A request admitted and not started yet
+        (a loaded event loop) has its room free; one that holds nothing on a card without it failed to
+        allocate, or will: the others took its room. In a mix the own count does not say how many hold
+        their bytes; without a believed own count, nothing does."""
+        est = self.estimate()
+        if self._ours is None or not self._own_agrees or est is None or in_flight <= 0 or self.is_mix():
+            return 0
+        holding = self._ours / est.per_request_bytes
+        room_for = free_bytes / est.per_request_bytes
+        return max(0, math.floor(in_flight - holding - room_for + HOLLOW_SHARE))
 
     def _own_count_rose(self, in_flight: float, used: float) -> bool:
         """Whether the own count, believed (`_own_told`), says the others rose at this busy reading."""
