@@ -1538,12 +1538,12 @@ def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
     assert memory.cap() == 5
 
 
-def test_requests_a_full_card_holds_nothing_for_leave_their_room_to_the_others_until_the_next_reading() -> None:
+def test_requests_a_full_card_holds_nothing_for_leave_their_room_to_the_others_till_one_of_ours_finished() -> None:
     """A neighbour that waits for memory takes each byte ours free before a request of ours can. One of
     five in flight holds nothing on a full card (its allocation failed; the error is not raised yet):
     the others want at least its room more than they hold. The model says four fit beside what the
-    others hold now; refilled to four, the refill would fail as that one did. Until the next reading
-    the limit leaves the others its room; then, with none starved, four fit again."""
+    others hold now; refilled to four, the refill would fail as that one did. Until a reading after
+    one of ours finished the limit leaves the others its room; then, with none starved, four fit again."""
     c = AIMD()
     bound(c, initial=1)
 
@@ -1566,6 +1566,36 @@ def test_requests_a_full_card_holds_nothing_for_leave_their_room_to_the_others_u
     now_s += 0.1
     read(now_s, 4, 24, 20)  # the one failed and left; one finished, refilled; the others hold what they held
     assert c.limit == 4 and c.describe()["bound"] == "memory"
+
+
+def test_the_room_of_starved_requests_stays_the_others_till_one_of_ours_frees_its_bytes() -> None:
+    """Seven of twenty hold nothing on a full card: a neighbour took their room, and wants it. Their
+    errors come, they leave, and the next reading shows thirteen holding theirs on the card still full:
+    none starved now, and the model's fit is twelve. Nothing of ours has freed bytes since, so nothing
+    says the neighbour has what it wanted: refilled to twelve as the thirteen finish, the refills ran
+    out of memory beside it (11 OOMs where a reader of the card has 8). The room stays the others'
+    until a reading after one of ours finished."""
+    c = AIMD()
+    bound(c, initial=1)
+    total = 48 * GiB
+
+    def read(now_s: float, n: int, used_gib: float, own_gib: float) -> None:
+        sample = MemorySample(int(used_gib * GiB), total, allocated_bytes=int(own_gib * GiB))
+        c.on_sample(now_s=now_s, sample=sample, in_flight=n)
+
+    read(0.0, 0, 6, 6)
+    now_s = 0.0
+    for n in (1, 2, 4, 8, 16) + (20,) * 10:
+        now_s += 0.1
+        read(now_s, n, 6 + 2 * n, 6 + 2 * n)
+    assert c.limit == 21
+    read(now_s + 0.1, 20, 48, 32)  # thirteen hold their 2 GiB; the neighbour took the rest
+    assert c.memory.starved == 7 and c.limit == 21 - 8 - 7
+    read(now_s + 0.2, 13, 48, 32)  # the seven failed and left; none of ours finished
+    assert c.limit == 6 and "7 of ours hold nothing" in c.describe()["why"]
+    c.on_success(now_s=now_s + 0.25, latency_s=0.2, concurrency=13, demand=True)
+    read(now_s + 0.3, 13, 48, 32)  # one finished, and its refill holds its bytes: the neighbour took none
+    assert c.memory.starved == 0 and c.limit == 12  # let go: back up twofold a reading, towards the fit of 13
 
 
 def test_a_request_admitted_and_not_started_on_a_card_with_its_room_free_is_not_starved() -> None:

@@ -285,7 +285,8 @@ class AIMD(_Bounds):
         cap = self.memory.cap(now_s)
         if self.memory.starved and cap is not None:
             # Ours that hold nothing on a full card: the others took their room and want at least that
-            # much more than they hold, so refills of what ours free would fail as they did.
+            # much more than they hold, so refills of what ours free would fail as they did. Till a reading
+            # after one of ours finished (`MemoryModel.starved`).
             left = max(self.min_limit, cap - self.memory.starved)
             if self._until_reading is None or left < self._until_reading:
                 self._until_reading, self._until_reading_cause = left, "starved"
@@ -412,7 +413,7 @@ class AIMD(_Bounds):
                 return f"memory: the others rose into a full card: {until_freed}; {figures}"
             if cause == "starved":
                 starved = f"{self.memory.starved} of ours hold nothing on a full card (the others took their room)"
-                return f"memory: {starved}: {until} till the next reading; {figures}"
+                return f"memory: {starved}: {until} till one of ours frees its bytes; {figures}"
             return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())

@@ -137,7 +137,8 @@ class MemoryModel:
         # each byte we free.
         self.pressed = False
         self._served_since = False  # whether a request of ours finished since the last reading
-        # Of ours in flight at the last reading, how many held nothing on a card without their room (`_starved`)
+        # How many of ours held nothing on a card without their room (`_starved`) at the last reading, or at
+        # one before it where none of ours finished since and the card still has no room for one
         self.starved = 0
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
@@ -165,9 +166,14 @@ class MemoryModel:
             # want more.
             waiting = self.pressed and not self._served_since
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
-            self._served_since = False
+            served, self._served_since = self._served_since, False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
-            self.starved = self._starved(in_flight, total_bytes - used_bytes)
+            # Those that starved leave (their errors come) before the others have what they wanted; only
+            # the bytes of one of ours that finished tell whether they take more.
+            starved = self._starved(in_flight, total_bytes - used_bytes)
+            est = self.estimate()
+            no_room = est is not None and total_bytes - used_bytes < est.per_request_bytes
+            self.starved = max(starved, self.starved) if no_room and not served else starved
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
