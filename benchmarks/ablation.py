@@ -95,7 +95,7 @@ def no_slot_held_on_a_full_card() -> AIMD:
 
 
 class _NeverStarved(MemoryModel):
-    def _starved(self, in_flight: float, free_bytes: float) -> int:
+    def _starved(self, in_flight: float, free_bytes: float, served: bool) -> int:
         return 0
 
 

@@ -282,8 +282,7 @@ class AIMD(_Bounds):
             # till a reading after one of ours finished (`MemoryModel.pressed`).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
             self._until_reading_cause = "pressed"
-        cap = self.memory.cap(now_s)
-        if self.memory.starved and cap is not None:
+        if self.memory.starved and (cap := self.memory.cap(now_s)) is not None:
             # Ours that hold nothing on a full card: the others took their room and want at least that
             # much more than they hold, so refills of what ours free would fail as they did. Till a reading
             # after one of ours finished (`MemoryModel.starved`).

@@ -168,12 +168,7 @@ class MemoryModel:
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
             served, self._served_since = self._served_since, False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
-            # Those that starved leave (their errors come) before the others have what they wanted; only
-            # the bytes of one of ours that finished tell whether they take more.
-            starved = self._starved(in_flight, total_bytes - used_bytes)
-            est = self.estimate()
-            no_room = est is not None and total_bytes - used_bytes < est.per_request_bytes
-            self.starved = max(starved, self.starved) if no_room and not served else starved
+            self.starved = self._starved(in_flight, total_bytes - used_bytes, served)
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
@@ -213,18 +208,23 @@ class MemoryModel:
         assert self._per_request is not None
         return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
 
-    def _starved(self, in_flight: float, free_bytes: float) -> int:
+    def _starved(self, in_flight: float, free_bytes: float, served: bool) -> int:
         """How many of ours in flight hold nothing (less than `HOLLOW_SHARE` of a request) by the own
         count, beyond those the free bytes still have room for. A request admitted and not started yet
         (a loaded event loop) has its room free; one that holds nothing on a card without it failed to
         allocate, or will: the others took its room. In a mix the own count does not say how many hold
-        their bytes; without a believed own count, nothing does."""
+        their bytes; without a believed own count, nothing does. Those that starved leave (their errors
+        come) before the others have what they wanted: while none of ours finished (`served`) and the
+        card has no room for one, the count before stands; only the bytes one frees tell."""
         est = self.estimate()
-        if self._ours is None or not self._own_agrees or est is None or in_flight <= 0 or self.is_mix():
+        if est is None:
             return 0
-        holding = self._ours / est.per_request_bytes
         room_for = free_bytes / est.per_request_bytes
-        return max(0, math.floor(in_flight - holding - room_for + HOLLOW_SHARE))
+        starved = 0
+        if self._ours is not None and self._own_agrees and in_flight > 0 and not self.is_mix():
+            holding = self._ours / est.per_request_bytes
+            starved = max(0, math.floor(in_flight - holding - room_for + HOLLOW_SHARE))
+        return max(starved, self.starved) if room_for < 1 and not served else starved
 
     def _own_count_rose(self, in_flight: float, used: float) -> bool:
         """Whether the own count, believed (`_own_told`), says the others rose at this busy reading."""
