@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import NamedTuple
 
 __all__ = ["MAX_ROUTES", "RouteWeights"]
 
@@ -26,6 +27,16 @@ RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer t
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
 
 
+class _Reading(NamedTuple):
+    """One reading with more than one route in flight."""
+
+    when_s: float
+    row: list[float]  # slots in flight by column
+    used_bytes: float
+    others_bytes: float | None  # the others' bytes as the memory model held them, where it did
+    admitted: int  # the requests admitted until then
+
+
 class RouteWeights:
     """The weight learned for one request (one unit of cost) of each route, from readings of the
     card beside the slots each route's requests held then (`reading`, once per reading)."""
@@ -36,9 +47,7 @@ class RouteWeights:
         self.by_route: dict[object, float] = {}  # learned weights; a route not here weighs 1
         self._columns: dict[object, int] = {}  # route -> its column in the readings
         self._shares = [0.0] * (OTHERS + 1)  # by column: requests in flight, decayed per reading
-        # (when, slots by column, used bytes, the others' bytes as the memory model held them or None,
-        # requests admitted until then)
-        self._recent: deque[tuple[float, list[float], float, float | None, int]] = deque(maxlen=window)
+        self._recent: deque[_Reading] = deque(maxlen=window)
         self.fits = 0
         self.changed_s = -math.inf  # when the weights last changed (the time the readings carried)
 
@@ -113,10 +122,10 @@ class RouteWeights:
         if len(self._columns) < 2:
             return False  # one route: nothing to tell apart
         if any(row):
-            self._recent.append((now_s, row, float(used_bytes), others_bytes, admitted))
+            self._recent.append(_Reading(now_s, row, float(used_bytes), others_bytes, admitted))
         recent = self._recent
         enough = len(recent) >= MIN_READINGS or (
-            len(recent) >= MIN_READINGS // 2 and recent[-1][0] - recent[0][0] >= MIN_SPAN_S
+            len(recent) >= MIN_READINGS // 2 and recent[-1].when_s - recent[0].when_s >= MIN_SPAN_S
         )
         changed = enough and self._fit()
         if changed:
@@ -132,9 +141,9 @@ class RouteWeights:
         if column is None:
             return
         slots = requests * self.weight(route)
-        for _, row, _, _, admitted in self._recent:
-            if admitted >= serial:
-                row[column] = max(0.0, row[column] - slots)
+        for reading in self._recent:
+            if reading.admitted >= serial:
+                reading.row[column] = max(0.0, reading.row[column] - slots)
 
     def _column(self, route: object) -> int:
         column = self._columns.get(route)
@@ -151,7 +160,7 @@ class RouteWeights:
         route's requests varied on their own and the line explains the readings (a neighbour's
         arrival inside the window does not: wait until it has passed out). Where the slots in flight
         never varied in sum, the baseline is the others' bytes the memory model held at each reading."""
-        rows = [(row, used) for _, row, used, _, _ in self._recent]
+        rows = [(reading.row, reading.used_bytes) for reading in self._recent]
         # Whether a route's requests varied, counted in requests, not slots (a light route's slots barely vary).
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
         columns = [c for c in range(OTHERS + 1) if _varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
@@ -159,7 +168,7 @@ class RouteWeights:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
         used = [y for _, y in rows]
-        others = [o for _, _, _, o, _ in self._recent if o is not None]
+        others = [r.others_bytes for r in self._recent if r.others_bytes is not None]
         intercept = len(others) < len(rows) or _varies([sum(row) for row, _ in rows])
         if not intercept:
             # The slots in flight summed to one total at every reading (a gate held at its limit): no
