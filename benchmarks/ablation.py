@@ -247,7 +247,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # that shrank, a mix of routes read every half second, whose small ones hold too little to tell whether
 # the own count follows them, a mix of routes whose large one an OOM named before the weights, and two
 # neighbours that wait for most of a full card (of 29 requests; of 9, read every tenth of a second),
-# which take what ours free before the refills can.
+# which take what ours free before the refills can; and a neighbour that comes to a card of four large
+# requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
@@ -260,6 +261,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 23037, "2x"),
     ("many", 81028, "2x"),
     ("readings", 81037, "closed-32"),
+    ("readings", 81005, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);
