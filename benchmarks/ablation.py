@@ -94,6 +94,18 @@ def no_slot_held_on_a_full_card() -> AIMD:
     return AIMD(memory=_NeverPressed())
 
 
+class _RefillsOnAFullCard(AIMD):
+    """After the others rose into a full card, the slots ours free are refilled, but for the one held
+    back: the others may want what they free as much as the first."""
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        held, cause = self._until_reading, self._until_reading_cause
+        super().on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
+        if held is not None and cause == "pressed":
+            self._until_reading = held
+            self._update("memory")
+
+
 class _NeverStarved(MemoryModel):
     def _starved(self, in_flight: float, free_bytes: float, served: bool) -> int:
         return 0
@@ -230,6 +242,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no slot held after an OOM": _NoSlotHeldAfterOom,
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
+    "refills on a full card": _RefillsOnAFullCard,
     "refills beside the starved": no_room_left_for_the_starved,
     "any pair a shrink": any_pair_shrinks,
     "a quarter a step": quarter_steps,

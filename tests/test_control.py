@@ -1479,11 +1479,12 @@ def test_an_idle_reading_of_tensors_not_yet_freed_is_corrected_by_the_count_in_f
     assert memory.cap() == 5
 
 
-def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -> None:
+def test_a_rise_read_on_a_full_card_refills_nothing_until_the_next_reading() -> None:
     """Four 3.5 GiB requests beside 8 GiB of weights leave 2 GiB free; a neighbour takes them and
-    the card reads full. Whatever the next request to finish frees may be the neighbour's too: the
-    limit is one below the four in flight until the next reading says where the room went, and the
-    status says why. A rise on a card with room left holds nothing back."""
+    the card reads full. Whatever the requests that finish free may be the neighbour's too: the
+    limit is one below the four in flight, and one lower at each that finishes, until the next
+    reading says where the room went; the status says why. A rise on a card with room left holds
+    nothing back."""
     c = AIMD()
     bound(c, initial=8)
     c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
@@ -1493,6 +1494,8 @@ def test_a_rise_read_on_a_full_card_holds_a_slot_back_until_the_next_reading() -
     c.on_sample(now_s=0.6, sample=MemorySample(TOTAL, TOTAL), in_flight=4)  # the neighbour took the 2 GiB
     described = c.describe()
     assert c.limit == 3 and described["bound"] == "memory" and "full card" in described["why"]
+    successes(c, 2, now_s=0.65)  # what they free may be the neighbour's too: no refill till the next reading
+    assert c.limit == 1
     c.on_sample(now_s=0.7, sample=MemorySample(int(20.5 * GiB), TOTAL), in_flight=3)  # it wanted no more
     assert c.limit == 4  # 14 GiB of room beside the neighbour's 2: four fit
     roomy = AIMD()

@@ -245,9 +245,15 @@ def test_a_greedy_neighbour_is_followed_down_and_up() -> None:
 
 
 def test_an_oom_from_a_neighbour_does_not_bar_its_level_after_it_left() -> None:
-    """0.1 held the limit at the OOM's level for 30 s (doubling) on a wall clock, whatever memory said."""
+    """0.1 held the limit at the OOM's level for 30 s (doubling) on a wall clock, whatever memory said.
+    The neighbour comes half-way between two readings: one that comes with a reading is read on a
+    full card before a slot is refilled, and no OOM tells the gate."""
     result = run(
-        [Phase(0, 40, 3 * GiB, 0.1), Phase(30, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB), Phase(35, 40, 3 * GiB, 0.1)],
+        [
+            Phase(0, 40, 3 * GiB, 0.1),
+            Phase(30.05, 40, 3 * GiB, 0.1, neighbour_bytes=6 * GiB),
+            Phase(35, 40, 3 * GiB, 0.1),
+        ],
         duration_s=60,
     )
     assert result.ooms_between(30, 35) >= 1  # it arrived between two readings: one OOM told the gate

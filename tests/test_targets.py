@@ -231,6 +231,25 @@ def test_a_neighbour_that_waits_for_most_of_a_card_full_of_many_gets_what_ours_f
     assert ours.ooms <= theirs.ooms + len(phases) - 1
 
 
+def test_a_neighbour_that_grows_into_a_full_card_of_many_gets_what_ours_free_before_the_next_reading() -> None:
+    """Twenty-five 1.12 GiB requests of 0.2 s fit a 48 GiB card beside 19.2 GiB of weights; a neighbour
+    takes 4.6 GiB for a quarter of the run, then 13.4 GiB for another, waiting for each byte ours free.
+    The slot held back when the others rose into the full card was the first freed; the slots freed
+    after it, before the next reading, were refilled, and the neighbour took their room: seven failed
+    at once (11 OOMs where the reader has 6). What ours free till the next reading is left to it."""
+    from adaptive_gate.control import AIMD
+    from benchmarks.model import GiB, Phase, Scenario, Size
+    from benchmarks.virtual import one_run, reader_run
+
+    size = Size(1197711403)
+    phases = [Phase(0.0, size), Phase(0.25, size, 4931313328), Phase(0.5, size, 14382843546), Phase(0.75, size)]
+    card = {"total_bytes": 48 * GiB, "weights_bytes": 20613802819, "work_s": 0.2, "capacity_per_s": 30.0}
+    scenario = Scenario("many-beside-a-growing-neighbour", "", phases, **card)
+    ours = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
+    theirs = reader_run(scenario, "2x", DURATION_S, 1)
+    assert ours.ooms <= theirs.ooms + len(phases) - 1
+
+
 def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_fit() -> None:
     """A quarter of the requests take a route whose requests need 11 GiB where the card has 10.5
     beside the weights: each runs out of memory even alone, a third of its work in. Answered that

@@ -171,6 +171,7 @@ class AIMD(_Bounds):
         # of ours hold nothing on a full card (`MemoryModel.starved`)
         self._until_reading: int | None = None
         self._until_reading_cause = "oom"
+        self._limit_at_reading = 1  # the limit as the last reading left it
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -214,6 +215,10 @@ class AIMD(_Bounds):
         self._now_s = max(self._now_s, now_s)
         self.memory.mix_success()
         self.memory.served(latency_s)
+        if self._until_reading is not None and self._until_reading_cause == "pressed":
+            # What it frees may be the others' too: no refill till the next reading says where it went
+            self._until_reading = max(self.min_limit, self._until_reading - 1)
+            self._update("memory")
         if not demand or self._reads_memory() or self.memory.learning:
             return  # the model decides; or memory is read but not understood yet: no blind growth
         self._window_successes += 1
@@ -275,11 +280,16 @@ class AIMD(_Bounds):
 
     def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
         self._now_s = max(self._now_s, now_s)
+        # Grown from the limit the last reading set where a full card held refills back since: those
+        # slots were the others' for a reading, not a lower fit
+        unfilled = self._until_reading is not None and self._until_reading_cause == "pressed"
+        grown_from = max(self._limit, self._limit_at_reading) if unfilled else self._limit
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         if self.memory.pressed and in_flight >= 1:
             # The others rose into a full card: whatever our requests free may be theirs. A slot less
-            # till a reading after one of ours finished (`MemoryModel.pressed`).
+            # till a reading after one of ours finished (`MemoryModel.pressed`), and none refilled of
+            # those ours free till the next (`on_success`).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
             self._until_reading_cause = "pressed"
         if self.memory.starved and (cap := self.memory.cap(now_s)) is not None:
@@ -289,16 +299,17 @@ class AIMD(_Bounds):
             left = max(self.min_limit, cap - self.memory.starved)
             if self._until_reading is None or left < self._until_reading:
                 self._until_reading, self._until_reading_cause = left, "starved"
-        self._update("memory", at_most=self._most_after_reading(now_s))
+        self._update("memory", at_most=self._most_after_reading(now_s, grown_from))
+        self._limit_at_reading = self._limit
 
-    def _most_after_reading(self, now_s: float) -> int | None:
+    def _most_after_reading(self, now_s: float, grown_from: int) -> int | None:
         """Up at most twofold a reading (twofold per `DOUBLING_S` where readings are further apart): the
         first readings are of few requests, and one small request of a mix read alone sizes the card
         for many."""
         since_s, self._last_reading_s = now_s - self._last_reading_s, now_s
         # Whole periods (a reading the loop delayed a little is one); 8 at most; the first has none.
         periods = math.floor(since_s / DOUBLING_S + 1e-6) if math.isfinite(since_s) else 1
-        return self._limit << max(1, min(periods, 8))
+        return grown_from << max(1, min(periods, 8))
 
     def after_oom(self, in_flight: float) -> None:
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
@@ -408,8 +419,8 @@ class AIMD(_Bounds):
         if until is not None and (until, bound) == self._wanted():
             cause = self._until_reading_cause
             if cause == "pressed":
-                until_freed = f"{until} till one of ours frees its bytes"
-                return f"memory: the others rose into a full card: {until_freed}; {figures}"
+                left = f"{until}, what ours free left to them till the next reading"
+                return f"memory: the others rose into a full card: {left}; {figures}"
             if cause == "starved":
                 starved = f"{self.memory.starved} of ours hold nothing on a full card (the others took their room)"
                 return f"memory: {starved}: {until} till one of ours frees its bytes; {figures}"
