@@ -54,7 +54,7 @@ def without_allocation_sizes() -> AIMD:
 class _NoTwofoldGrowth(AIMD):
     """The limit jumps to what the model says at once, from the first reading on."""
 
-    def _most_after_reading(self, now_s: float) -> None:
+    def _most_after_reading(self, now_s: float, grown_from: int) -> None:
         return None
 
 
