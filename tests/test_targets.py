@@ -13,6 +13,7 @@ from functools import cache
 
 import pytest
 
+from benchmarks.ablation import VARIANTS
 from benchmarks.scenarios import SCENARIOS
 from benchmarks.virtual import LOADS, PLAN, Row, compare, summary
 
@@ -348,3 +349,13 @@ def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_fr
     result = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
     recovered = recovery_s(scenario, result, DURATION_S)
     assert recovered is not None and recovered <= 1.0
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_of_the_ablation_drives_the_neighbour_scenario(variant: str) -> None:
+    """A variant that no longer fits the controller it takes a rule out of (a hook renamed, a signature
+    changed) stops `benchmarks.ablation` half-way; each runs ten seconds of the neighbour scenario here."""
+    from benchmarks.virtual import one_run
+
+    result = one_run(SCENARIOS["neighbour"], VARIANTS[variant](), "2x", 10.0, 1)
+    assert result.completed > 0
