@@ -106,16 +106,6 @@ class _RefillsOnAFullCard(AIMD):
             self._update("memory")
 
 
-class _NeverStarved(MemoryModel):
-    def _starved(self, in_flight: float, free_bytes: float, served: bool) -> int:
-        return 0
-
-
-def no_room_left_for_the_starved() -> AIMD:
-    """Requests of ours that hold nothing on a full card say nothing: the model's fit is refilled."""
-    return AIMD(memory=_NeverStarved())
-
-
 class _AnyPairShrinks(MemoryModel):
     def _size_read_lately(self, floor: float) -> bool:
         return False
@@ -243,7 +233,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "whole request at a slack fit": whole_request_margin,
     "no slot held on a full card": no_slot_held_on_a_full_card,
     "refills on a full card": _RefillsOnAFullCard,
-    "refills beside the starved": no_room_left_for_the_starved,
     "any pair a shrink": any_pair_shrinks,
     "a quarter a step": quarter_steps,
     "whole steps on a full card": whole_steps_on_a_full_card,

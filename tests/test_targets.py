@@ -216,9 +216,8 @@ def test_a_neighbour_that_waits_for_most_of_a_card_full_of_many_gets_what_ours_f
     """Twenty-nine 1.2 GiB requests of 0.2 s fill a 40 GiB card beside 5 GiB of weights; a neighbour that
     wants 20 GiB comes for the middle third and takes each byte ours free before a refill can. The
     model reads the others' bytes as they stand, and let the refills of what ours freed in: every few
-    readings a cohort of them failed to allocate (12 OOMs where the reader has 6). Requests of ours
-    that hold nothing on a full card say the others want their room: it is left to them until a
-    reading after one of ours finished."""
+    readings a cohort of them failed to allocate (12 OOMs where the reader has 6). After the others
+    rose into the full card, what ours free is left to them till the next reading."""
     from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Scenario, Size
     from benchmarks.scenarios import middle_third

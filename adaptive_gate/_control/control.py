@@ -167,8 +167,7 @@ class AIMD(_Bounds):
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
         # Until the next reading, the most the limit may be (None: no such hold), and why: "oom" after an
-        # OOM (`after_oom`), "pressed" after the others rose into a full card, "starved" while requests
-        # of ours hold nothing on a full card (`MemoryModel.starved`)
+        # OOM (`after_oom`), "pressed" after the others rose into a full card (`MemoryModel.pressed`)
         self._until_reading: int | None = None
         self._until_reading_cause = "oom"
         self._limit_at_reading = 1  # the limit as the last reading left it
@@ -292,13 +291,6 @@ class AIMD(_Bounds):
             # those ours free till the next (`on_success`).
             self._until_reading = max(self.min_limit, math.ceil(in_flight - 1e-9) - 1)
             self._until_reading_cause = "pressed"
-        if self.memory.starved and (cap := self.memory.cap(now_s)) is not None:
-            # Ours that hold nothing on a full card: the others took their room and want at least that
-            # much more than they hold, so refills of what ours free would fail as they did. Till a reading
-            # after one of ours finished (`MemoryModel.starved`).
-            left = max(self.min_limit, cap - self.memory.starved)
-            if self._until_reading is None or left < self._until_reading:
-                self._until_reading, self._until_reading_cause = left, "starved"
         self._update("memory", at_most=self._most_after_reading(now_s, grown_from))
         self._limit_at_reading = self._limit
 
@@ -421,9 +413,6 @@ class AIMD(_Bounds):
             if cause == "pressed":
                 left = f"{until}, what ours free left to them till the next reading"
                 return f"memory: the others rose into a full card: {left}; {figures}"
-            if cause == "starved":
-                starved = f"{self.memory.starved} of ours hold nothing on a full card (the others took their room)"
-                return f"memory: {starved}: {until} till one of ours frees its bytes; {figures}"
             return f"out of memory with {until} left in flight: no more until the next reading; {figures}"
         if bound == "oom":
             state = self.memory.ooms.describe(self._now_s, self.memory.room())

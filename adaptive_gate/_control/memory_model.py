@@ -137,9 +137,6 @@ class MemoryModel:
         # each byte we free.
         self.pressed = False
         self._served_since = False  # whether a request of ours finished since the last reading
-        # How many of ours held nothing on a card without their room (`_starved`) at the last reading, or at
-        # one before it where none of ours finished since and the card still has no room for one
-        self.starved = 0
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
 
@@ -166,9 +163,8 @@ class MemoryModel:
             # want more.
             waiting = self.pressed and not self._served_since
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
-            served, self._served_since = self._served_since, False
+            self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
-            self.starved = self._starved(in_flight, total_bytes - used_bytes, served)
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
@@ -207,24 +203,6 @@ class MemoryModel:
         """How far the card less the own count may stray from the others' bytes and still agree."""
         assert self._per_request is not None
         return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
-
-    def _starved(self, in_flight: float, free_bytes: float, served: bool) -> int:
-        """How many of ours in flight hold nothing (less than `HOLLOW_SHARE` of a request) by the own
-        count, beyond those the free bytes still have room for. A request admitted and not started yet
-        (a loaded event loop) has its room free; one that holds nothing on a card without it failed to
-        allocate, or will: the others took its room. In a mix the own count does not say how many hold
-        their bytes; without a believed own count, nothing does. Those that starved leave (their errors
-        come) before the others have what they wanted: while none of ours finished (`served`) and the
-        card has no room for one, the count before stands; only the bytes one frees tell."""
-        est = self.estimate()
-        if est is None:
-            return 0
-        room_for = free_bytes / est.per_request_bytes
-        starved = 0
-        if self._ours is not None and self._own_agrees and in_flight > 0 and not self.is_mix():
-            holding = self._ours / est.per_request_bytes
-            starved = max(0, math.floor(in_flight - holding - room_for + HOLLOW_SHARE))
-        return max(starved, self.starved) if room_for < 1 and not served else starved
 
     def _own_count_rose(self, in_flight: float, used: float) -> bool:
         """Whether the own count, believed (`_own_told`), says the others rose at this busy reading."""
