@@ -99,9 +99,9 @@ class _RefillsOnAFullCard(AIMD):
     back: the others may want what they free as much as the first."""
 
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
-        held, cause = self._until_reading, self._until_reading_cause
+        held = self._pressed_hold()
         super().on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
-        if held is not None and cause == "pressed":
+        if held is not None:
             self._until_reading = held
             self._update("memory")
 

@@ -13,9 +13,12 @@ from functools import cache
 
 import pytest
 
+from adaptive_gate.control import AIMD
+from adaptive_gate.simulation import SimulationResult
 from benchmarks.ablation import VARIANTS
+from benchmarks.model import Scenario
 from benchmarks.scenarios import SCENARIOS
-from benchmarks.virtual import LOADS, PLAN, Row, compare, summary
+from benchmarks.virtual import LOADS, PLAN, Row, compare, one_run, reader_run, summary
 
 DURATION_S = 60.0
 # Below 0.95 of the reader, held to what they reach (the limitations in docs/benchmarks.md):
@@ -40,6 +43,12 @@ def rows(name: str, load: str) -> dict[str, Row]:
 
 def changes(name: str) -> int:
     return len(SCENARIOS[name].phases) - 1
+
+
+def beside_the_reader(scenario: Scenario, load: str) -> tuple[SimulationResult, SimulationResult]:
+    """One run of the gate (`AIMD`, told the scenario's `cost` where it has one) and one of the reader."""
+    ours = one_run(scenario, AIMD(), load, DURATION_S, 1, cost=scenario.cost)
+    return ours, reader_run(scenario, load, DURATION_S, 1)
 
 
 @pytest.mark.parametrize(("name", "load"), CASES)
@@ -91,9 +100,7 @@ def test_inputs_that_grow_on_a_card_of_many_cost_one_pile_up() -> None:
     have), and the size their OOMs name is believed at once. It was not: the requests that grew and
     ran out held nothing, their readings looked like sizes that shrank, the named size was taken for
     one left from before, and 65 OOMs followed over a second."""
-    from adaptive_gate.control import AIMD
     from benchmarks.unseen import FAMILIES, FITS, draw
-    from benchmarks.virtual import one_run
 
     scenario = draw(7, FAMILIES["many"], FITS["many"])
     assert scenario.name == "growth-7" and "about 14 fit" in scenario.description
@@ -121,9 +128,7 @@ def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> No
     still holds requests of the old size, served between the new ones (newest first). They weigh the
     old size's slots while they wait. Weighed as one, each one let in among the new ones ran out of
     memory with them: 23 OOMs where the reader, which knows each request's bytes, has none."""
-    from adaptive_gate.control import AIMD
     from benchmarks.unseen import FAMILIES, FITS, draw
-    from benchmarks.virtual import one_run
 
     scenario = draw(40, FAMILIES["neighbours"], FITS["neighbours"])
     assert scenario.name == "shrink-40" and "about 6 fit" in scenario.description
@@ -137,7 +142,6 @@ def test_a_neighbour_read_every_half_second_gives_its_room_back_within_a_second(
     a quarter of a second of them: the room read before it came was kept as the room those OOMs
     happened in, and their level stayed barred for the 20 s after the neighbour left. And doubling
     once a reading took two more seconds to climb back to twelve."""
-    from adaptive_gate.control import AIMD
     from adaptive_gate.simulation import simulate
     from benchmarks.model import GiB, Phase, Scenario, Size
     from benchmarks.virtual import DEADLINE_S, phases_of, recovery_s
@@ -164,9 +168,8 @@ def test_a_neighbour_that_leaves_no_room_for_one_request_gives_the_card_back_wit
     read empty of neighbours. Its OOM was kept as two not fitting in room for five: two stayed barred
     for the 20 s left (0.60 of the reader). After three too large in a row the route is answered at
     the door but for one request a second, and no pair meets the neighbour's last moment."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import one_run, recovery_s
+    from benchmarks.virtual import recovery_s
 
     size = Size(3 * GiB)
     scenario = Scenario("no-room", "", [Phase(0.0, size), Phase(1 / 3, size, 14 * GiB), Phase(2 / 3, size)])
@@ -183,15 +186,12 @@ def test_inputs_that_grow_past_the_room_beside_a_neighbour_run_out_alone() -> No
     taken for 9 GiB requests beside the weights alone, ran out every few seconds (16 OOMs where the
     reader has 8). After three too large in a row the route is answered at the door, but for one
     request a second: no pairs are let in to run out."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import one_run, reader_run
 
     small, grown, neighbour = Size(3 * GiB), Size(12 * GiB), 6 * GiB
     phases = [Phase(0.0, small), Phase(0.25, small, neighbour), Phase(0.5, grown, neighbour), Phase(0.75, grown)]
     scenario = Scenario("growth-beside-a-neighbour", "", phases)
-    ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
-    theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
+    ours, theirs = beside_the_reader(scenario, "closed-32")
     assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + len(phases) - 1
 
 
@@ -201,9 +201,7 @@ def test_a_neighbour_that_comes_to_a_full_card_gets_the_first_room_freed_not_a_r
     room for 4.0 requests it let the first slot freed be refilled: the neighbour had taken that room,
     and the request admitted into it ran out (with a crash, the worker down for a second). A rise
     read on a full card holds a slot back until the next reading says where the room went."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import one_run
 
     size = Size(int(3.5 * GiB))
     scenario = Scenario("full-card", "", [Phase(0.0, size), Phase(0.5, size, 3 * GiB)], crash_s=1.0)
@@ -218,16 +216,13 @@ def test_a_neighbour_that_waits_for_most_of_a_card_full_of_many_gets_what_ours_f
     model reads the others' bytes as they stand, and let the refills of what ours freed in: every few
     readings a cohort of them failed to allocate (12 OOMs where the reader has 6). After the others
     rose into the full card, what ours free is left to them till the next reading."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Scenario, Size
     from benchmarks.scenarios import middle_third
-    from benchmarks.virtual import one_run, reader_run
 
     phases = middle_third(Size(int(1.2 * GiB)), 20 * GiB)
     card = {"total_bytes": 40 * GiB, "weights_bytes": 5 * GiB, "work_s": 0.2, "capacity_per_s": 30.0}
     scenario = Scenario("many-beside-a-waiting-neighbour", "", phases, **card)
-    ours = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
-    theirs = reader_run(scenario, "2x", DURATION_S, 1)
+    ours, theirs = beside_the_reader(scenario, "2x")
     assert ours.ooms <= theirs.ooms + len(phases) - 1
 
 
@@ -237,16 +232,13 @@ def test_a_neighbour_that_grows_into_a_full_card_of_many_gets_what_ours_free_bef
     The slot held back when the others rose into the full card was the first freed; the slots freed
     after it, before the next reading, were refilled, and the neighbour took their room: seven failed
     at once (11 OOMs where the reader has 6). What ours free till the next reading is left to it."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import one_run, reader_run
 
     size = Size(1197711403)
     phases = [Phase(0.0, size), Phase(0.25, size, 4931313328), Phase(0.5, size, 14382843546), Phase(0.75, size)]
     card = {"total_bytes": 48 * GiB, "weights_bytes": 20613802819, "work_s": 0.2, "capacity_per_s": 30.0}
     scenario = Scenario("many-beside-a-growing-neighbour", "", phases, **card)
-    ours = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
-    theirs = reader_run(scenario, "2x", DURATION_S, 1)
+    ours, theirs = beside_the_reader(scenario, "2x")
     assert ours.ooms <= theirs.ooms + len(phases) - 1
 
 
@@ -258,9 +250,7 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
     reader of the card serves. Such a route is answered at the door, but for one request a second."""
     import random
 
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario
-    from benchmarks.virtual import one_run, reader_run
 
     small, large = int(1.4 * GiB), 11 * GiB
 
@@ -271,8 +261,7 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
         "too-large-route", "", [Phase(0.0, size)], total_bytes=16 * GiB, weights_bytes=int(5.5 * GiB), work_s=1.0,
         capacity_per_s=3.0, route=lambda nbytes: "/infer/large" if nbytes > small else "/infer", sample_period_s=0.5,
     )  # fmt: skip
-    ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
-    theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
+    ours, theirs = beside_the_reader(scenario, "closed-32")
     assert ours.completed >= 0.95 * theirs.completed
     # A mix on two routes may run out while their weights are learnt: 2% of its requests, as in `benchmarks.unseen`
     assert ours.ooms - ours.too_large <= theirs.ooms - theirs.too_large + 0.02 * ours.completed
@@ -286,9 +275,7 @@ def test_requests_told_heavier_than_the_card_holds_leave_it_to_those_that_fit() 
     import random
 
     from adaptive_gate._gate.too_large import RETRY_S
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario
-    from benchmarks.virtual import one_run, reader_run
 
     light, heavy = int(3.73 * GiB), int(29.8 * GiB)
 
@@ -299,8 +286,7 @@ def test_requests_told_heavier_than_the_card_holds_leave_it_to_those_that_fit() 
         "too-heavy", "", [Phase(0.0, size)], total_bytes=48 * GiB, weights_bytes=int(20.1 * GiB),
         capacity_per_s=60.0, cost=lambda nbytes: nbytes / light,
     )  # fmt: skip
-    ours = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1, cost=scenario.cost)
-    theirs = reader_run(scenario, "closed-32", DURATION_S, 1)
+    ours, theirs = beside_the_reader(scenario, "closed-32")
     assert ours.completed >= 0.95 * theirs.completed
     assert ours.too_large <= 32 + DURATION_S / RETRY_S  # those in the line when the door closed, then one a second
     assert ours.completed >= 0.8 * 60.0 * DURATION_S  # the card runs six light ones at once at full speed
@@ -316,7 +302,6 @@ def test_the_reader_runs_every_request_the_room_it_reads_holds(
     reader of the card. Its requests' sizes are rounded up to the 64th of a GiB the gate counts costs
     in: to the nearest, five of 1.8 GiB weighed 8.98 and were let into room for 8.99, where four fit."""
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import reader_run
 
     size = size_gib * GiB
     weights = int((total_gib - room_gib) * GiB)
@@ -335,9 +320,8 @@ def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_fr
     were taken for the others' rise. The model stayed at 1.69 GiB a request beside 2.83 GiB of others,
     self-consistent and wrong, and after the neighbour left the limit stayed at two where three fit
     for the last 20 s. Where the own count reads the others where they were, the bytes are ours."""
-    from adaptive_gate.control import AIMD
     from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import one_run, recovery_s
+    from benchmarks.virtual import recovery_s
 
     size = Size(2322061656)
     phases = [Phase(0.0, size), Phase(1 / 3, size, 1598660768), Phase(2 / 3, size)]
@@ -354,7 +338,6 @@ def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_fr
 def test_every_variant_of_the_ablation_drives_the_neighbour_scenario(variant: str) -> None:
     """A variant that no longer fits the controller it takes a rule out of (a hook renamed, a signature
     changed) stops `benchmarks.ablation` half-way; each runs ten seconds of the neighbour scenario here."""
-    from benchmarks.virtual import one_run
 
     result = one_run(SCENARIOS["neighbour"], VARIANTS[variant](), "2x", 10.0, 1)
     assert result.completed > 0

@@ -214,9 +214,9 @@ class AIMD(_Bounds):
         self._now_s = max(self._now_s, now_s)
         self.memory.mix_success()
         self.memory.served(latency_s)
-        if self._until_reading is not None and self._until_reading_cause == "pressed":
+        if (held := self._pressed_hold()) is not None:
             # What it frees may be the others' too: no refill till the next reading says where it went
-            self._until_reading = max(self.min_limit, self._until_reading - 1)
+            self._until_reading = max(self.min_limit, held - 1)
             self._update("memory")
         if not demand or self._reads_memory() or self.memory.learning:
             return  # the model decides; or memory is read but not understood yet: no blind growth
@@ -281,8 +281,7 @@ class AIMD(_Bounds):
         self._now_s = max(self._now_s, now_s)
         # Grown from the limit the last reading set where a full card held refills back since: those
         # slots were the others' for a reading, not a lower fit
-        unfilled = self._until_reading is not None and self._until_reading_cause == "pressed"
-        grown_from = max(self._limit, self._limit_at_reading) if unfilled else self._limit
+        grown_from = self._limit if self._pressed_hold() is None else max(self._limit, self._limit_at_reading)
         self._until_reading = None
         self.memory.add(now_s, in_flight, sample.used_bytes, sample.total_bytes, sample.allocated_bytes)
         if self.memory.pressed and in_flight >= 1:
@@ -367,6 +366,11 @@ class AIMD(_Bounds):
 
     def _reads_memory(self) -> bool:
         return self.memory.estimate() is not None
+
+    def _pressed_hold(self) -> int | None:
+        """The most the limit may be till the next reading because the others rose into a full card, or
+        None where they did not."""
+        return self._until_reading if self._until_reading_cause == "pressed" else None
 
     def _wanted(self) -> tuple[int, str]:
         """The limit before the bounds, and what sets it."""
