@@ -761,6 +761,25 @@ def test_a_shrink_the_next_pair_of_readings_confirms_is_believed_whole() -> None
     assert per_request_gib(old_runs) > 3
 
 
+def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
+    """Five requests of 3 GiB fit beside 8 GiB of others (5.3 in 16 GiB of room). Readings catch one
+    of them not allocated yet (20 GiB where 23), and the model takes a first step; then one and two
+    of them (20, 17), and the step is taken whole. At the newest reading, that is 1.8 GiB a
+    request, and eight were let in where five fit (`late-start` with 32 clients on virtual time,
+    arrivals of seed 8: two OOMs where the reader has none); at the most cautious of the pair, 2.4,
+    as a pair of readings is believed at the most cautious of them."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=3, levels=(1, 2, 4, 5) + (5,) * 12)
+    assert c.memory.cap() == 5
+    for used_gib in (20, 20, 20, 20, 17):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.4 * GiB)
+    assert c.memory.cap() == 6
+
+
 def test_on_a_full_card_requests_that_hold_less_are_believed_a_quarter_at_a_time() -> None:
     """Four 4 GiB requests fill the card beside 8 GiB of others; then five in flight read at the full
     card, six readings in a row: the fifth holds nothing, because it failed to allocate and its OOM

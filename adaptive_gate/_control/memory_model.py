@@ -101,8 +101,9 @@ class MemoryModel:
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
         self._hollow: list[tuple[float, float]] = []  # the hollow readings in a row since the last OOM
         # Lower baselines seen in the last readings, each with the others' bytes as the process's own
-        # count read them (None: it did not tell); believed when RELIEF_READINGS in a row agree.
-        self._pending_relief: list[tuple[float, float | None]] = []
+        # count read them (None: it did not tell), and the reading (used, in flight); believed when
+        # RELIEF_READINGS in a row agree.
+        self._pending_relief: list[tuple[float, float | None, float, float]] = []
         # The last reading's rise of the others' bytes, until the next confirms it: (the others' bytes
         # before it, whether anchored then, the share of one request it would be as ours, in flight,
         # readings since the card last changed before it, whether it came as a jump)
@@ -356,11 +357,12 @@ class MemoryModel:
         readings in a row agree, at the most cautious of them (fewer mistake the moment between a
         request's admission and its allocation for room). `read`: the others' bytes by the own count."""
         pending = self._pending_relief
-        pending.append((baseline, read))
+        pending.append((baseline, read, used, in_flight))
         if len(pending) < RELIEF_READINGS:
             return
-        relieved = max(b for b, _ in pending)
-        reads = [r for _, r in pending if r is not None]
+        relieved = max(b for b, *_ in pending)
+        reads = [r for _, r, *_ in pending if r is not None]
+        readings = [(u, n) for *_, u, n in pending]  # (used, in flight) of each
         pending.clear()
         others_read = self._others_read(relieved, reads)
         # Below what the card held idle, or the others as the own count read them: ours hold less
@@ -394,7 +396,8 @@ class MemoryModel:
                 shrunk = None
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
-            share = (used - floor) / in_flight
+            # The most cautious of the readings that agreed: one of them may have caught slots unallocated
+            share, in_flight = max(((u - floor) / n, n) for u, n in readings)
             self._per_request += (1.0 if whole else SHARE_SHRUNK) * (share - self._per_request)
             self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
             self._add_share(share, in_flight)
