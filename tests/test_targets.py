@@ -9,16 +9,32 @@ any of them fails here, not in a benchmark nobody reran.
 
 from __future__ import annotations
 
+import random
+import re
 from functools import cache
 
 import pytest
 
+from adaptive_gate._gate.too_large import RETRY_S
 from adaptive_gate.control import AIMD
-from adaptive_gate.simulation import SimulationResult
+from adaptive_gate.simulation import SimulationResult, simulate
 from benchmarks.ablation import VARIANTS
-from benchmarks.model import Scenario
-from benchmarks.scenarios import SCENARIOS
-from benchmarks.virtual import LOADS, PLAN, Row, compare, one_run, reader_run, summary
+from benchmarks.model import GiB, Phase, Scenario, Size
+from benchmarks.report import README, rendered, summary_rows
+from benchmarks.scenarios import SCENARIOS, middle_third
+from benchmarks.unseen import FAMILIES, FITS, draw
+from benchmarks.virtual import (
+    DEADLINE_S,
+    LOADS,
+    PLAN,
+    Row,
+    compare,
+    one_run,
+    phases_of,
+    reader_run,
+    recovery_s,
+    summary,
+)
 
 DURATION_S = 60.0
 # Below 0.95 of the reader, held to what they reach (the limitations in docs/benchmarks.md):
@@ -100,8 +116,6 @@ def test_inputs_that_grow_on_a_card_of_many_cost_one_pile_up() -> None:
     have), and the size their OOMs name is believed at once. It was not: the requests that grew and
     ran out held nothing, their readings looked like sizes that shrank, the named size was taken for
     one left from before, and 65 OOMs followed over a second."""
-    from benchmarks.unseen import FAMILIES, FITS, draw
-
     scenario = draw(7, FAMILIES["many"], FITS["many"])
     assert scenario.name == "growth-7" and "about 14 fit" in scenario.description
     result = one_run(scenario, AIMD(), "2x", DURATION_S, 1)
@@ -112,9 +126,6 @@ def test_the_readme_shows_the_tables_the_results_make() -> None:
     """The README's results table and its word on cost are rendered from `benchmarks/results/*.json`
     (`python -m benchmarks.report --readme`): a figure edited by hand, or results rerun without
     rendering them, fail here. The README says what holds, not when: no date, no commit."""
-    import re
-
-    from benchmarks.report import README, rendered, summary_rows
 
     text = README.read_text()
     assert rendered(text) == text
@@ -128,8 +139,6 @@ def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> No
     still holds requests of the old size, served between the new ones (newest first). They weigh the
     old size's slots while they wait. Weighed as one, each one let in among the new ones ran out of
     memory with them: 23 OOMs where the reader, which knows each request's bytes, has none."""
-    from benchmarks.unseen import FAMILIES, FITS, draw
-
     scenario = draw(40, FAMILIES["neighbours"], FITS["neighbours"])
     assert scenario.name == "shrink-40" and "about 6 fit" in scenario.description
     result = one_run(scenario, AIMD(), "1x", DURATION_S, 1)
@@ -142,10 +151,6 @@ def test_a_neighbour_read_every_half_second_gives_its_room_back_within_a_second(
     a quarter of a second of them: the room read before it came was kept as the room those OOMs
     happened in, and their level stayed barred for the 20 s after the neighbour left. And doubling
     once a reading took two more seconds to climb back to twelve."""
-    from adaptive_gate.simulation import simulate
-    from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import DEADLINE_S, phases_of, recovery_s
-
     size = Size(int(1.49 * GiB))
     scenario = Scenario(
         "slow-readings", "", [Phase(0.0, size), Phase(1 / 3, size, int(15.8 * GiB)), Phase(2 / 3, size)],
@@ -168,9 +173,6 @@ def test_a_neighbour_that_leaves_no_room_for_one_request_gives_the_card_back_wit
     read empty of neighbours. Its OOM was kept as two not fitting in room for five: two stayed barred
     for the 20 s left (0.60 of the reader). After three too large in a row the route is answered at
     the door but for one request a second, and no pair meets the neighbour's last moment."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import recovery_s
-
     size = Size(3 * GiB)
     scenario = Scenario("no-room", "", [Phase(0.0, size), Phase(1 / 3, size, 14 * GiB), Phase(2 / 3, size)])
     result = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
@@ -186,8 +188,6 @@ def test_inputs_that_grow_past_the_room_beside_a_neighbour_run_out_alone() -> No
     taken for 9 GiB requests beside the weights alone, ran out every few seconds (16 OOMs where the
     reader has 8). After three too large in a row the route is answered at the door, but for one
     request a second: no pairs are let in to run out."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-
     small, grown, neighbour = Size(3 * GiB), Size(12 * GiB), 6 * GiB
     phases = [Phase(0.0, small), Phase(0.25, small, neighbour), Phase(0.5, grown, neighbour), Phase(0.75, grown)]
     scenario = Scenario("growth-beside-a-neighbour", "", phases)
@@ -201,8 +201,6 @@ def test_a_neighbour_that_comes_to_a_full_card_gets_the_first_room_freed_not_a_r
     room for 4.0 requests it let the first slot freed be refilled: the neighbour had taken that room,
     and the request admitted into it ran out (with a crash, the worker down for a second). A rise
     read on a full card holds a slot back until the next reading says where the room went."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-
     size = Size(int(3.5 * GiB))
     scenario = Scenario("full-card", "", [Phase(0.0, size), Phase(0.5, size, 3 * GiB)], crash_s=1.0)
     result = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
@@ -216,9 +214,6 @@ def test_a_neighbour_that_waits_for_most_of_a_card_full_of_many_gets_what_ours_f
     model reads the others' bytes as they stand, and let the refills of what ours freed in: every few
     readings a cohort of them failed to allocate (12 OOMs where the reader has 6). After the others
     rose into the full card, what ours free is left to them till the next reading."""
-    from benchmarks.model import GiB, Scenario, Size
-    from benchmarks.scenarios import middle_third
-
     phases = middle_third(Size(int(1.2 * GiB)), 20 * GiB)
     card = {"total_bytes": 40 * GiB, "weights_bytes": 5 * GiB, "work_s": 0.2, "capacity_per_s": 30.0}
     scenario = Scenario("many-beside-a-waiting-neighbour", "", phases, **card)
@@ -232,8 +227,6 @@ def test_a_neighbour_that_grows_into_a_full_card_of_many_gets_what_ours_free_bef
     The slot held back when the others rose into the full card was the first freed; the slots freed
     after it, before the next reading, were refilled, and the neighbour took their room: seven failed
     at once (11 OOMs where the reader has 6). What ours free till the next reading is left to it."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-
     size = Size(1197711403)
     phases = [Phase(0.0, size), Phase(0.25, size, 4931313328), Phase(0.5, size, 14382843546), Phase(0.75, size)]
     card = {"total_bytes": 48 * GiB, "weights_bytes": 20613802819, "work_s": 0.2, "capacity_per_s": 30.0}
@@ -248,9 +241,6 @@ def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_
     fast, their clients sent the next at once, and the slots filled with requests that held nothing
     and failed, while those that fit (1.4 GiB, a second of work) waited behind them: 0.07 of what a
     reader of the card serves. Such a route is answered at the door, but for one request a second."""
-    import random
-
-    from benchmarks.model import GiB, Phase, Scenario
 
     small, large = int(1.4 * GiB), 11 * GiB
 
@@ -272,10 +262,6 @@ def test_requests_told_heavier_than_the_card_holds_leave_it_to_those_that_fit() 
     where the card has 28 beside the weights: each runs out of memory even alone. Let in one by one, each
     waited for the card to empty, and 32 clients were served 12.5 requests a second; answered at the door
     (but for one a second, and those already in the line), the light ones get the card."""
-    import random
-
-    from adaptive_gate._gate.too_large import RETRY_S
-    from benchmarks.model import GiB, Phase, Scenario
 
     light, heavy = int(3.73 * GiB), int(29.8 * GiB)
 
@@ -301,8 +287,6 @@ def test_the_reader_runs_every_request_the_room_it_reads_holds(
     slots are GiB), twenty-one where forty-five fit on an H200. Either made the gate look better than a
     reader of the card. Its requests' sizes are rounded up to the 64th of a GiB the gate counts costs
     in: to the nearest, five of 1.8 GiB weighed 8.98 and were let into room for 8.99, where four fit."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-
     size = size_gib * GiB
     weights = int((total_gib - room_gib) * GiB)
     fit = int((total_gib * GiB - weights) // size)
@@ -320,9 +304,6 @@ def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_fr
     were taken for the others' rise. The model stayed at 1.69 GiB a request beside 2.83 GiB of others,
     self-consistent and wrong, and after the neighbour left the limit stayed at two where three fit
     for the last 20 s. Where the own count reads the others where they were, the bytes are ours."""
-    from benchmarks.model import GiB, Phase, Scenario, Size
-    from benchmarks.virtual import recovery_s
-
     size = Size(2322061656)
     phases = [Phase(0.0, size), Phase(1 / 3, size, 1598660768), Phase(2 / 3, size)]
     scenario = Scenario(
@@ -338,6 +319,5 @@ def test_a_request_that_held_nothing_beside_a_neighbour_does_not_keep_the_fit_fr
 def test_every_variant_of_the_ablation_drives_the_neighbour_scenario(variant: str) -> None:
     """A variant that no longer fits the controller it takes a rule out of (a hook renamed, a signature
     changed) stops `benchmarks.ablation` half-way; each runs ten seconds of the neighbour scenario here."""
-
     result = one_run(SCENARIOS["neighbour"], VARIANTS[variant](), "2x", 10.0, 1)
     assert result.completed > 0

@@ -397,10 +397,10 @@ class MemoryModel:
             self._baseline, self._anchored = floor, True
             assert self._per_request is not None
             # The most cautious of the readings that agreed: one of them may have caught slots unallocated
-            share, in_flight = max(((u - floor) / n, n) for u, n in readings)
+            share, read_in_flight = max(((u - floor) / n, n) for u, n in readings)
             self._per_request += (1.0 if whole else SHARE_SHRUNK) * (share - self._per_request)
             self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
-            self._add_share(share, in_flight)
+            self._add_share(share, read_in_flight)
 
     def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
         """Whether this step of a shrink comes at the very next pair of readings after the last (at
