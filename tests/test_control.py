@@ -780,6 +780,65 @@ def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
     assert c.memory.cap() == 6
 
 
+def misread_shrink(c: AIMD) -> float:
+    """Five requests of 3 GiB beside 8 GiB of others, then readings that catch one and then two of
+    them not allocated yet, two pairs in a row: the model takes them for a shrink to 2.4 GiB (cap 6).
+    The time after them."""
+    now_s = learned(c, request_gib=3, levels=(1, 2, 4, 5) + (5,) * 12)
+    for used_gib in (20, 20, 20, 20, 17):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+    assert c.memory.cap() == 6
+    return now_s
+
+
+def test_an_oom_that_asks_for_the_size_from_before_a_shrink_undoes_it() -> None:
+    """After a shrink misread as above, six are let in; one of them, which arrived after the first
+    step (by the model of the new size), runs out asking for 3 GiB, the size from before. The shrink
+    was readings of requests not allocated yet: the size goes back to 3 GiB, and five fit (in real
+    time, `late-start` with 32 clients kept 2.4 and went on to read the requests as a mix, where an
+    OOM bars no level: 17 OOMs in one run of ten seconds)."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = misread_shrink(c) + 0.01
+    assert not c.allocation_failed(3 * GiB, 1)
+    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(3 * GiB)
+    assert c.memory.cap() == 5 and c.heavier_before() is None
+
+
+def test_after_a_shrink_was_misread_readings_of_whole_requests_are_not_taken_for_another() -> None:
+    """After the OOM above, the same readings again (one and then two of five not allocated): the
+    size stays 3 GiB. Taken for a shrink each time, requests that decode for three times their work
+    on the card went round misread shrink, OOM, undo every second or two (`decode-first` with 32
+    clients, four runs of 30 s: 0.75 of the reader and 32 OOMs, where 0.94 and 7)."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = misread_shrink(c) + 0.01
+    assert not c.allocation_failed(3 * GiB, 1)
+    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    for used_gib in (8, 20, 20, 20, 20, 17, 17, 14):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(3 * GiB)
+    assert c.memory.cap() == 5
+
+
+def test_an_oom_of_a_request_from_before_a_shrink_leaves_it() -> None:
+    """The same OOM, where a request that arrived before the first step may still run (the oldest in
+    flight arrived before it): that request is of the size from before, and says nothing of the new."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = misread_shrink(c) + 0.01
+    c.oldest_in_flight(0.0)
+    assert not c.allocation_failed(3 * GiB, 1)
+    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.4 * GiB, rel=0.02)
+    assert c.heavier_before() is not None
+
+
 def test_on_a_full_card_requests_that_hold_less_are_believed_a_quarter_at_a_time() -> None:
     """Four 4 GiB requests fill the card beside 8 GiB of others; then five in flight read at the full
     card, six readings in a row: the fifth holds nothing, because it failed to allocate and its OOM
@@ -1543,6 +1602,46 @@ def test_requests_that_allocate_late_are_sized_by_what_they_hold_at_their_peak()
     estimate = memory.estimate()
     assert estimate is not None and not memory.is_mix()
     assert estimate.per_request_bytes == pytest.approx(3 * GiB, rel=0.01)
+
+
+def test_requests_that_mostly_hold_nothing_yet_are_read_as_whole_requests_not_a_mix() -> None:
+    """The same card, where requests decode their input for longer than they run on the card: most
+    readings catch one to three of the four or five in flight not allocated yet. Their spread is
+    as wide as a mix's, and read as one the requests were sized by their mean (under 2.5 GiB) and a
+    sixth let in (`decode-first`: 0.43 of the reader, 38 OOMs). Each reading holds a whole number
+    of 3 GiB requests: one size, read where all had allocated."""
+    total = int(25.75 * GiB)
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    not_allocated = [0, 2, 1, 3, 0, 1, 2, 0, 1, 2, 3, 1]
+    for i in range(40):
+        n = 4 + i % 2
+        memory.add(0.1 * (i + 1), n, (8 + 3 * (n - not_allocated[i % len(not_allocated)])) * GiB, total)
+    estimate = memory.estimate()
+    assert estimate is not None and not memory.is_mix()
+    assert estimate.spread_bytes > 0.25 * 2.5 * GiB  # a mix's, by the spread alone
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert memory.cap() == 5
+
+
+def test_a_mix_whose_sums_fall_whole_is_a_mix_once_an_oom_asks_for_another_size() -> None:
+    """Requests of 1.5 and 6 GiB, three at a time, hold 4.5, 9 or 13.5 GiB: whole numbers of 4.5, as
+    if requests of 4.5 GiB were caught before they allocate. An OOM that asks for 6 GiB says they are
+    not: the requests are a mix again, where a large one failing says nothing new. Taken for inputs
+    that grew to 6 GiB, it held the mix at two requests (`mixed` at twice the capacity: 0.62 of the
+    reader where 0.68)."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    large = [0, 1, 0, 2, 1, 0, 1, 0]
+    for i in range(40):
+        memory.add(0.1 * (i + 1), 3, int((8 + 4.5 + 4.5 * large[i % len(large)]) * GiB), TOTAL)
+    estimate = memory.estimate()
+    assert estimate is not None and not memory.is_mix()
+    assert estimate.per_request_bytes == pytest.approx(4.5 * GiB)
+    assert not memory.learn_size(6 * GiB, 1, 4.05)
+    assert memory.is_mix()
+    memory.add(4.1, 3, int(17 * GiB), TOTAL)
+    assert memory.is_mix()  # and stays one
 
 
 def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:

@@ -61,6 +61,9 @@ SETTLED_READINGS = 10
 # planned for (`z`, in spreads).
 MIX_OOM_SHARE = 0.05
 MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requests a mix
+# Unless each reading's requests hold a whole number of one size, within this share of the largest share
+# read: requests of that size, some of them caught before they allocate (`_whole_size`).
+WHOLE_TOLERANCE = 0.02
 Z_STEP = 0.25
 MIN_Z, MAX_Z = 1.0, 6.0
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
@@ -76,7 +79,8 @@ class MemoryModel:
       line, a least-squares fit gives both: its intercept is the others' bytes, its slope a request's.
     * Otherwise a busy reading within the requests' usual spread teaches their mean (up faster than
       down) and spread, while the others' bytes stay anchored. Where they are of one size, a request
-      holds at least what nine in ten of those readings showed (`SIZE_QUANTILE`).
+      holds at least what nine in ten of those readings showed (`SIZE_QUANTILE`); where each of them
+      holds a whole number of one size, some fewer than were in flight, that size (`_whole_size`).
     * A rise beyond that spread is the others' (a neighbour, a leak), believed at once: the room
       shrinks before the next admission, not after an OOM. A fall is believed once `RELIEF_READINGS`
       readings in a row show it, at the most cautious of them.
@@ -97,6 +101,9 @@ class MemoryModel:
         self._per_request: float | None = None
         self._spread_sq = 0.0  # variance of one request's bytes
         self._quantile: float | None = None  # `SIZE_QUANTILE` of `_shares`, anew at each reading
+        self._late_size: float | None = None  # a size whose readings took requests not allocated for a shrink
+        self._whole: float | None = None  # the size the `_shares` are whole numbers of, anew at each reading
+        self._not_whole: float | None = None  # such a size an OOM asked for another than, since the sizes changed
         # (share of one request, in flight) of the busy readings within the spread since the change
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
         self._hollow: list[tuple[float, float]] = []  # the hollow readings in a row since the last OOM
@@ -172,6 +179,7 @@ class MemoryModel:
                 self._one_size_at = self.samples
         finally:
             self._quantile = self._share_quantile()
+            self._whole = self._whole_size()
             est = self.estimate()
             self.ooms.observe(now_s, self.room(), 0.0 if est is None else est.per_request_bytes)
 
@@ -335,7 +343,7 @@ class MemoryModel:
         self._shares.clear()
         self._hollow.clear()
         self._since_shrink = self._since_sizes = 0
-        self._size_before = self._shrunk = self._quantile = None
+        self._size_before = self._shrunk = self._quantile = self._late_size = self._not_whole = None
         self.ooms.forget()
         if self._size_read is not None:
             # A size an OOM named was one request's, of whichever route: a slot is the mean request now.
@@ -350,7 +358,7 @@ class MemoryModel:
         self._changed()
         self._since_sizes = 0
         self._shares.clear()
-        self._shrunk = self._quantile = None
+        self._shrunk = self._quantile = self._late_size = self._not_whole = None
 
     def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None) -> None:
         """The others hold less than believed, or our requests less: taken when `RELIEF_READINGS`
@@ -372,7 +380,7 @@ class MemoryModel:
         elif used - floor < MIN_REQUEST_FRACTION * self._total_bytes:
             # Ours hold nothing at all: admitted and not started (a stalled loop), not smaller.
             self._baseline, self._anchored = floor, True
-        elif self._size_read_lately(floor):
+        elif self._size_read_lately(floor) or self._whole_of_late_size(floor, readings):
             # Slots between a request's admission and its allocation, not requests that shrank.
             self._baseline, self._anchored = floor, True
         else:
@@ -420,6 +428,16 @@ class MemoryModel:
             return None
         least = min(reads)
         return least if least > (baseline + relieved) / 2 else None
+
+    def _whole_of_late_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
+        """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
+        number of a size an OOM named after such readings had been taken for a shrink (`learn_size`): the
+        requests of that size caught before they allocate, again."""
+        size = self._late_size
+        if size is None:
+            return False
+        wholes = [(used - floor) / size for used, _ in readings]
+        return all(abs(whole - round(whole)) <= WHOLE_TOLERANCE for whole in wholes)
 
     def _size_read_lately(self, floor: float) -> bool:
         """Whether a reading within `SHRINK_SERVICES` service times before the last `RELIEF_READINGS`
@@ -480,6 +498,28 @@ class MemoryModel:
         ranked = sorted(share for share, _ in self._shares)
         return ranked[int(SIZE_QUANTILE * len(ranked))]
 
+    def _whole_size(self) -> float | None:
+        """The least size, no smaller than any share read since the sizes last changed, of which every
+        such reading showed its requests holding a whole number (`WHOLE_TOLERANCE`), one at least fewer
+        than were in flight: requests of that one size, some of them caught before they allocate, however
+        far that makes the readings swing. None where there is none: a mix, whose sums fall anywhere (or
+        whole by chance, till an OOM asks for another size: `learn_size`), or slots that are not whole
+        requests (routes weighed, `cost`)."""
+        shares = self._shares
+        if len(shares) < MIN_QUANTILE_READINGS or any(n != round(n) for _, n in shares):
+            return None
+        top, top_in_flight = max(shares)
+        # The top reading as `whole` requests of one size, at least half of those it had in flight: fewer,
+        # and one size of many requests' bytes would pass for one of any few readings' sums.
+        for whole in range(round(top_in_flight), math.ceil(top_in_flight / 2) - 1, -1):
+            size = top * top_in_flight / whole
+            wholes = [(share * n / size, n) for share, n in shares]
+            # Off by a share of the top reading's, not of the size tried: a larger size is no looser a fit
+            if all(abs(k - round(k)) * size <= WHOLE_TOLERANCE * top for k, _ in wholes):
+                vetoed = self._not_whole is not None and abs(size - self._not_whole) <= WHOLE_TOLERANCE * top
+                return size if any(round(k) < n for k, n in wholes) and not vetoed else None
+        return None
+
     def _fit_shares(self) -> None:
         """The spread of one request's bytes, from the readings above the mean: a mean of n requests
         strays by spread / sqrt(n), so n * deviation^2 is one sample of one request's variance."""
@@ -532,7 +572,9 @@ class MemoryModel:
         floor = self._size_floor
         per_request = self._per_request if floor is None else max(self._per_request, floor[0])
         spread = math.sqrt(self._spread_sq)
-        if self._quantile is not None and spread < MIX_SPREAD * self._per_request:
+        if self._whole is not None:
+            per_request = max(per_request, self._whole)  # one size, read whole where all had allocated
+        elif self._quantile is not None and spread < MIX_SPREAD * self._per_request:
             per_request = max(per_request, self._quantile)  # one size: readings before their peak are not it
         return MemoryEstimate(self._baseline, per_request, self._total_bytes, spread)
 
@@ -585,10 +627,11 @@ class MemoryModel:
             self.z = max(MIN_Z, self.z - Z_STEP * MIX_OOM_SHARE / (1 - MIX_OOM_SHARE))
 
     def is_mix(self) -> bool:
-        """Whether the requests' sizes vary (a spread of more than `MIX_SPREAD` of their mean): then an
-        OOM is their large ones meeting (`mix_oom`), not a level that stopped fitting (`OomStates`)."""
+        """Whether the requests' sizes vary (a spread of more than `MIX_SPREAD` of their mean, where the
+        readings are not whole requests of one size): then an OOM is their large ones meeting (`mix_oom`),
+        not a level that stopped fitting (`OomStates`)."""
         est = self.estimate()
-        return est is not None and est.spread_bytes >= MIX_SPREAD * est.per_request_bytes
+        return est is not None and self._whole is None and est.spread_bytes >= MIX_SPREAD * est.per_request_bytes
 
     def never_fits(self, nbytes: float) -> bool:
         """Whether an allocation of `nbytes` is more than the card has beside the others' bytes, with
@@ -602,10 +645,15 @@ class MemoryModel:
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
         So too where they were of one size until the last readings and this is beyond a mix's spread of
         the mean. In a mix, a large one failing says nothing new."""
+        per_unit = nbytes / max(units, 1e-9)
+        whole = self._whole
+        if whole is not None and abs(per_unit - whole) > WHOLE_TOLERANCE * whole:
+            # Another size than the readings hold whole numbers of: a mix whose sums fell whole (sizes
+            # of 1.5 and 6 GiB, three at a time, hold 4.5, 9, 13.5 or 18)
+            self._whole, self._not_whole, self._one_size_at = None, whole, None
         est = self.estimate()
         if est is None:
             return False
-        per_unit = nbytes / max(units, 1e-9)
         if per_unit > est.total_bytes - est.baseline_bytes:
             return False  # no slot that size would fit, yet the request alone would: its weight is wrong, not the size
         # Settled since the sizes last changed, not the card (growth is first read as the others'
@@ -617,14 +665,27 @@ class MemoryModel:
         # size beyond a mix's spread of the mean is the inputs that grew.
         lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
         beyond = 3 * est.spread_bytes if uniform else MIX_SPREAD * est.per_request_bytes
-        if settled and (uniform or lately) and per_unit > est.per_request_bytes + beyond:
+        grew = settled and per_unit > est.per_request_bytes + beyond
+        misread = self._shrink_misread(per_unit, est.per_request_bytes)
+        if (uniform or lately) and (grew or misread):
             if self._size_read is None:
                 self._size_read = self._per_request
             self._per_request = per_unit
             self._size_floor = (per_unit, now_s)
             self._sizes_changed()  # readings from before were of smaller requests
+            if misread:
+                self._late_size = per_unit  # readings of it catch some not allocated yet (`_relieve`)
             return True
         return False
+
+    def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
+        """Whether an allocation of `per_unit` says the last shrink was misread: no request from before
+        it runs by the model, yet one asked for the size from before (within a mix's spread). Readings
+        that caught requests before they allocated, two pairs in a row, pass for a shrink."""
+        shrunk = self._shrunk
+        if shrunk is None or self._old_sizes_may_run() or per_unit <= per_request:
+            return False
+        return per_unit >= (1 - MIX_SPREAD) * shrunk[1]
 
     def oldest_in_flight(self, arrived_s: float | None) -> None:
         """When the oldest request in flight arrived (None: none that could be from before), before a
