@@ -177,6 +177,29 @@ def named_size_kept() -> AIMD:
     return AIMD(memory=_NamedSizeKept())
 
 
+class _NoWholeSizes(MemoryModel):
+    def _whole_size(self) -> None:
+        return None
+
+
+def no_whole_sizes() -> AIMD:
+    """Readings whose requests hold whole numbers of one size, some of them none, are a spread like any
+    other: a wide one makes the requests a mix of their mean."""
+    return AIMD(memory=_NoWholeSizes())
+
+
+class _ShrinkNeverMisread(MemoryModel):
+    def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
+        return False
+
+
+def shrink_never_misread() -> AIMD:
+    """An OOM that asks for the size from before a shrink, with no request from before it in flight,
+    leaves the shrink (the level is barred instead), and readings of whole requests of that size may be
+    taken for another."""
+    return AIMD(memory=_ShrinkNeverMisread())
+
+
 class _OwnCountAgainstTheSwing(MemoryModel):
     _reading = False  # the slack changes only within `_read_busy`; `_own_told` and `_fit_recent` keep theirs
 
@@ -239,6 +262,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "mean size": mean_size,
     "named size kept across weights": named_size_kept,
     "own count against the swing": own_count_against_the_swing,
+    "no whole sizes": no_whole_sizes,
+    "shrink never misread": shrink_never_misread,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room

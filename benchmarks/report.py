@@ -18,7 +18,7 @@ RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
 ORDER = [
     "classic", "neighbour", "neighbour-greedy", "growth", "exact-fit", "jitter", "mixed", "mixed-cost", "mixed-routes",
-    "classic-crash", "no-lifespan", "late-start",
+    "classic-crash", "no-lifespan", "late-start", "decode-first",
 ]  # fmt: skip
 # What each virtual-time scenario does to the card, in the few words the README's table has room for.
 SHORT = {
@@ -41,6 +41,7 @@ SHORT = {
     "two-neighbours": "two neighbours come, one after the other",
     "survived-neighbour": "a neighbour takes five of eight; OOMs do not crash",
     "late-start": "requests allocate up to 50 ms after admission",
+    "decode-first": "requests allocate up to 0.3 s after admission",
 }
 
 

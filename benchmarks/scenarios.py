@@ -197,6 +197,15 @@ SCENARIOS: dict[str, Scenario] = {
             crash_s=1.0,
         ),
         Scenario(
+            "decode-first",
+            "classic, where each request decodes its input on the CPU for up to three times its GPU work "
+            "(0.3 s) before it allocates: most readings catch some of those in flight holding nothing",
+            [Phase(0.0, THREE_GIB)],
+            start_delay_s=0.3,
+            capacity_per_s=20.0,  # five at once, each holding its slot 0.25 s on average
+            crash_s=1.0,
+        ),
+        Scenario(
             "too-large",
             "classic, where one request in twelve asks for 20 GiB, which never fits, even alone",
             [Phase(0.0, now_and_then_too_large)],
@@ -227,6 +236,7 @@ FULL_PLAN: dict[str, list[str]] = {
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
     "late-start": ["2x", "closed-32"],
+    "decode-first": ["2x", "closed-32"],
 }
 QUICK_PLAN: dict[str, list[str]] = FULL_PLAN | {"classic": ["1x", "4x"]}
 FULL_STATIC = [1, 2, 3, 4, 5, 6]
