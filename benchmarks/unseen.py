@@ -7,7 +7,9 @@ routes. The family "readings" draws any of those, and how often the gate reads t
 0.05 to 0.5 s), a request's work (0.02 to 1 s) and whether it varies. The family "compound" draws
 neighbours of other shapes (one that leaks in steps and then leaves, one that comes and goes again
 and again, one that leaves room for no request) and changes that come together (a mix beside a
-neighbour, inputs that grow beside one or shrink after it left). It runs the default gate and
+neighbour, inputs that grow beside one or shrink after it left). The family "late" draws any of the
+first, where each request allocates up to a quarter to three times its work after its admission
+(its input decoded on the CPU first). It runs the default gate and
 the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
 loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
@@ -39,12 +41,16 @@ FAMILIES = {
     "many": NEIGHBOURS,
     "readings": [*NEIGHBOURS, "mix-cost", "mix-routes"],
     "compound": COMPOUND,
+    "late": [*NEIGHBOURS, "mix-cost", "mix-routes"],
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
-FITS = {"neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10)}
+FITS = {
+    "neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10), "late": (2, 10)
+}  # fmt: skip
 SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
 WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
+LATE_SHARES = [0.25, 0.5, 1.0, 2.0, 3.0]  # the family "late": the most a request waits to allocate, in works
 LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
 DURATION_S = 60.0
 
@@ -69,7 +75,20 @@ def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random]
 
 def of_family(seed: int, family: str) -> Scenario:
     """Seed `seed`'s scenario of the family `family` (a key of `FAMILIES`)."""
-    return draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
+    scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
+    return late(seed, scenario) if family == "late" else scenario
+
+
+def late(seed: int, scenario: Scenario) -> Scenario:
+    """`scenario` where each request allocates up to a drawn share of its work after its admission."""
+    delay_s = random.Random(f"late-{seed}").choice(LATE_SHARES) * scenario.work_s
+    return replace(
+        scenario,
+        description=scenario.description + f", allocates up to {delay_s:g} s after admission",
+        start_delay_s=delay_s,
+        # A slot is held half the delay longer, on average, than the work
+        capacity_per_s=scenario.capacity_per_s * scenario.work_s / (scenario.work_s + delay_s / 2),
+    )
 
 
 def draw(

@@ -22,7 +22,7 @@ from benchmarks.ablation import VARIANTS
 from benchmarks.model import GiB, Phase, Scenario, Size
 from benchmarks.report import README, rendered, summary_rows
 from benchmarks.scenarios import SCENARIOS, middle_third
-from benchmarks.unseen import FAMILIES, FITS, draw
+from benchmarks.unseen import FAMILIES, FITS, draw, of_family
 from benchmarks.virtual import (
     DEADLINE_S,
     LOADS,
@@ -133,6 +133,27 @@ def test_the_readme_shows_the_tables_the_results_make() -> None:
     assert summary_rows() and summary_rows()[0] in text
     dated = re.search(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{12,40}\b", text)
     assert dated is None, f"the README holds a date or a commit: {dated.group()}"
+
+
+def test_the_late_family_draws_requests_that_allocate_up_to_three_works_after_admission() -> None:
+    """`--family late`: the draws of the neighbours and the mixes, each request allocating up to a quarter
+    to three times its work after its admission, with the capacity a slot held that much longer serves."""
+    for seed in range(20):
+        scenario, drawn = of_family(seed, "late"), draw(seed, FAMILIES["late"], FITS["late"])
+        assert 0.25 * drawn.work_s <= scenario.start_delay_s <= 3 * drawn.work_s, scenario.description
+        assert scenario.capacity_per_s < drawn.capacity_per_s
+        assert f"allocates up to {scenario.start_delay_s:g} s" in scenario.description
+
+
+def test_requests_of_one_size_that_allocate_a_work_late_keep_to_the_fit() -> None:
+    """An unseen draw: six requests of 0.05 s fit on a 16 GiB card, each allocating up to 0.05 s after
+    its admission, 32 clients. Read as a mix of their mean, a seventh was let in again and again: 0.28
+    of the reader and 42 OOMs. Read as whole requests, none beyond the first readings."""
+    scenario = of_family(2, "late")
+    assert scenario.name == "classic-2" and "about 6 fit" in scenario.description
+    ours, reader = beside_the_reader(scenario, "closed-32")
+    assert ours.ooms <= 1, ours.oom_times_s
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
 def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> None:
