@@ -796,9 +796,9 @@ def misread_shrink(c: AIMD) -> float:
 def test_an_oom_that_asks_for_the_size_from_before_a_shrink_undoes_it() -> None:
     """After a shrink misread as above, six are let in; one of them, which arrived after the first
     step (by the model of the new size), runs out asking for 3 GiB, the size from before. The shrink
-    was readings of requests not allocated yet: the size goes back to 3 GiB, and five fit (in real
-    time, `late-start` with 32 clients kept 2.4 and went on to read the requests as a mix, where an
-    OOM bars no level: 17 OOMs in one run of ten seconds)."""
+    was readings of requests not allocated yet: the size goes back to 3 GiB, and five fit (in a run
+    of `late-start` with 32 clients in real time, the model kept 2.4, went on to read the requests
+    as a mix, where an OOM bars no level, and ran out three times)."""
     c = AIMD()
     bound(c, initial=1)
     now_s = misread_shrink(c) + 0.01
@@ -1628,7 +1628,7 @@ def test_a_mix_whose_sums_fall_whole_is_a_mix_once_an_oom_asks_for_another_size(
     """Requests of 1.5 and 6 GiB, three at a time, hold 4.5, 9 or 13.5 GiB: whole numbers of 4.5, as
     if requests of 4.5 GiB were caught before they allocate. An OOM that asks for 6 GiB says they are
     not: the requests are a mix again, where a large one failing says nothing new. Taken for inputs
-    that grew to 6 GiB, it held the mix at two requests (`mixed` at twice the capacity: 0.62 of the
+    that grew to 6 GiB, it cut the mix to two requests (`mixed` at twice the capacity: 0.62 of the
     reader where 0.68)."""
     memory = MemoryModel()
     memory.add(0.0, 0, 8 * GiB, TOTAL)
