@@ -509,6 +509,8 @@ class MemoryModel:
         if len(shares) < MIN_QUANTILE_READINGS or any(n != round(n) for _, n in shares):
             return None
         top, top_in_flight = max(shares)
+        if top <= 0:
+            return None  # nothing held at all: no size to count in
         # The top reading as `whole` requests of one size, at least half of those it had in flight: fewer,
         # and one size of many requests' bytes would pass for one of any few readings' sums.
         for whole in range(round(top_in_flight), math.ceil(top_in_flight / 2) - 1, -1):
