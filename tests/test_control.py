@@ -761,6 +761,20 @@ def test_a_shrink_the_next_pair_of_readings_confirms_is_believed_whole() -> None
     assert per_request_gib(old_runs) > 3
 
 
+def misread_shrink(c: AIMD) -> float:
+    """Five requests of 3 GiB beside 8 GiB of others (five fit), then readings that catch one and two of
+    them not allocated yet, two pairs in a row: the model takes them for a shrink to 2.4 GiB (cap 6).
+    The time after them."""
+    now_s = learned(c, request_gib=3, levels=(1, 2, 4, 5) + (5,) * 12)
+    assert c.memory.cap() == 5
+    for used_gib in (20, 20, 20, 20, 17):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+    assert c.memory.cap() == 6
+    return now_s
+
+
 def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
     """Five requests of 3 GiB fit beside 8 GiB of others (5.3 in 16 GiB of room). Readings catch one
     of them not allocated yet (20 GiB where 23), and the model takes a first step; then one and two
@@ -770,27 +784,9 @@ def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
     as a pair of readings is believed at the most cautious of them."""
     c = AIMD()
     bound(c, initial=1)
-    now_s = learned(c, request_gib=3, levels=(1, 2, 4, 5) + (5,) * 12)
-    assert c.memory.cap() == 5
-    for used_gib in (20, 20, 20, 20, 17):
-        now_s += 0.1
-        c.oldest_in_flight(now_s - 0.05)
-        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
+    misread_shrink(c)  # five fit (cap 5), then those readings
     assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.4 * GiB)
     assert c.memory.cap() == 6
-
-
-def misread_shrink(c: AIMD) -> float:
-    """Five requests of 3 GiB beside 8 GiB of others, then readings that catch one and then two of
-    them not allocated yet, two pairs in a row: the model takes them for a shrink to 2.4 GiB (cap 6).
-    The time after them."""
-    now_s = learned(c, request_gib=3, levels=(1, 2, 4, 5) + (5,) * 12)
-    for used_gib in (20, 20, 20, 20, 17):
-        now_s += 0.1
-        c.oldest_in_flight(now_s - 0.05)
-        c.on_sample(now_s=now_s, sample=MemorySample(used_gib * GiB, TOTAL), in_flight=5)
-    assert c.memory.cap() == 6
-    return now_s
 
 
 def test_an_oom_that_asks_for_the_size_from_before_a_shrink_undoes_it() -> None:

@@ -71,6 +71,11 @@ MIN_Z, MAX_Z = 1.0, 6.0
 BLIND_GROWTH_AFTER_SAMPLES = 20
 
 
+def _off_whole(held: float, size: float) -> float:
+    """How far `held` bytes lie from a whole number of requests of `size` bytes each."""
+    return abs(held - round(held / size) * size)
+
+
 class MemoryModel:
     """The others' bytes and the bytes each request adds, learned from (in-flight, used) readings.
 
@@ -436,8 +441,7 @@ class MemoryModel:
         size = self._late_size
         if size is None:
             return False
-        wholes = [(used - floor) / size for used, _ in readings]
-        return all(abs(whole - round(whole)) <= WHOLE_TOLERANCE for whole in wholes)
+        return all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
 
     def _size_read_lately(self, floor: float) -> bool:
         """Whether a reading within `SHRINK_SERVICES` service times before the last `RELIEF_READINGS`
@@ -513,13 +517,14 @@ class MemoryModel:
             return None  # nothing held at all: no size to count in
         # The top reading as `whole` requests of one size, at least half of those it had in flight: fewer,
         # and one size of many requests' bytes would pass for one of any few readings' sums.
+        sums = [(share * n, n) for share, n in shares]  # (bytes held, in flight) of each reading
         for whole in range(round(top_in_flight), math.ceil(top_in_flight / 2) - 1, -1):
             size = top * top_in_flight / whole
-            wholes = [(share * n / size, n) for share, n in shares]
             # Off by a share of the top reading's, not of the size tried: a larger size is no looser a fit
-            if all(abs(k - round(k)) * size <= WHOLE_TOLERANCE * top for k, _ in wholes):
+            if all(_off_whole(held, size) <= WHOLE_TOLERANCE * top for held, _ in sums):
                 vetoed = self._not_whole is not None and abs(size - self._not_whole) <= WHOLE_TOLERANCE * top
-                return size if any(round(k) < n for k, n in wholes) and not vetoed else None
+                fewer = any(round(held / size) < n for held, n in sums)
+                return size if fewer and not vetoed else None
         return None
 
     def _fit_shares(self) -> None:
