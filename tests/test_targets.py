@@ -156,6 +156,20 @@ def test_requests_of_one_size_that_allocate_a_work_late_keep_to_the_fit() -> Non
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
+def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
+    """An unseen draw: eight requests of 2.6 GiB fit on a 40 GiB card beside 18.3 GiB, each allocating up
+    to 12.5 ms after its admission; a greedy neighbour takes 14.6 GiB for the middle third, 32 clients.
+    The readings hold whole requests, some not allocated yet, and their mean is 2.4 GiB. Read by that
+    mean, the pair of readings after the neighbour left put the others 1.1 GiB above where they were,
+    and seven ran where eight fit for the 20 s left. Read by the whole size, the room is back."""
+    scenario = of_family(23, "late")
+    assert scenario.name == "greedy-23" and "about 8 fit" in scenario.description
+    result = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
+    back_s = recovery_s(scenario, result, DURATION_S)
+    assert back_s is not None and back_s <= 1.0, result.limits_between(40.0, 42.0)
+    assert max(result.limits_between(42.0, DURATION_S)) == 8
+
+
 def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> None:
     """Arrivals at the capacity the card has once inputs shrink threefold (an unseen draw): the line
     still holds requests of the old size, served between the new ones (newest first). They weigh the

@@ -374,6 +374,11 @@ class MemoryModel:
         if len(pending) < RELIEF_READINGS:
             return
         relieved = max(b for b, *_ in pending)
+        if self._whole is not None:
+            # Requests of one size, read whole: a reading holds the others' bytes and whole requests, at
+            # most one per slot. By the mean (below the size: it counts the slots not allocated yet) the
+            # others held more than they did, and the room never came back.
+            relieved = max(used - self._whole * n for *_, used, n in pending)
         reads = [r for _, r, *_ in pending if r is not None]
         readings = [(u, n) for *_, u, n in pending]  # (used, in flight) of each
         pending.clear()
