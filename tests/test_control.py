@@ -1522,6 +1522,29 @@ def test_half_the_slots_not_allocated_beside_a_neighbour_do_not_bring_back_the_r
     assert memory.cap() == 4
 
 
+def test_a_neighbour_read_by_the_own_count_beside_requests_read_whole_is_believed_at_once() -> None:
+    """Five 3 GiB requests beside 8 GiB of others, five fit; readings catch up to three of them not
+    allocated yet, and each holds a whole number of 3 GiB: the requests are of that size, and the
+    readings' spread is wide. A neighbour's 2 GiB comes: the own count reads the others 2 GiB higher
+    at once. By a slack of the readings' spread that is within it, and the rise was read as our
+    requests holding more, with five let in where four fit; they are of one size, and it is the others."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
+    not_allocated = [0, 1, 0, 2, 1, 0, 0, 1, 0, 3]
+    now_s = 0.0
+    for i in range(33):
+        now_s += 0.1
+        neighbour_gib = 2 if i >= 30 else 0
+        held_gib = 3 * (5 - not_allocated[i % len(not_allocated)])
+        memory.add(now_s, 5, (8 + neighbour_gib + held_gib) * GiB, TOTAL, own_bytes=(6 + held_gib) * GiB)
+        estimate = memory.estimate()
+        if i == 29:
+            assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+            assert estimate.spread_bytes > 0.5 * GiB and memory.cap() == 5
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.cap() == 4
+
+
 def test_a_neighbour_that_leaves_between_the_two_readings_of_a_fall_is_believed_gone() -> None:
     """Beside a 4 GiB neighbour four requests fit. The first reading of a fall catches one of ours
     not allocated yet (the own count reads the others still at 12 GiB); before the second, the

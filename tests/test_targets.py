@@ -170,6 +170,35 @@ def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_howeve
     assert max(result.limits_between(42.0, DURATION_S)) == 8
 
 
+def test_a_neighbour_that_comes_as_a_crash_empties_the_card_of_ours_is_read_as_the_others_rise() -> None:
+    """An unseen draw: three requests of 3.6 GiB fit on a 16 GiB card, each allocating up to 0.1 s after
+    its admission; a neighbour's 3.1 GiB comes at 15 s, and every OOM takes the worker down for 1 s.
+    The first OOM came with it, and for the second that followed the card read the neighbour beside
+    requests that held nothing. The process's own count said so, but its slack was the readings' spread
+    (wide: they catch requests not allocated yet): the neighbour was read as our requests holding less,
+    the size fell to a tenth, and 32 were let in: 0.48 of the reader, 30 OOMs."""
+    scenario = of_family(43, "late")
+    assert scenario.name == "neighbour2-43" and "about 3 fit" in scenario.description
+    ours, reader = beside_the_reader(scenario, "closed-32")
+    assert ours.ooms <= reader.ooms + len(scenario.phases) - 1, ours.oom_times_s
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
+def test_a_neighbour_the_size_of_one_request_is_read_from_the_own_count_not_from_an_oom() -> None:
+    """An unseen draw: nine requests of 0.93 GiB fit on a 16 GiB card, each allocating up to 0.2 s after
+    its admission; neighbours of 0.95 and then 2.8 GiB for the middle half, 32 clients. Readings that
+    hold whole requests cannot tell the first from one more of ours allocated; the process's own count
+    can, but its slack was the readings' spread. Unseen, it made nine run out, and that level stayed
+    barred against the room read then: after both left, the card read no roomier, and eight ran where
+    nine fit for the 15 s left. Read from the own count, no OOM."""
+    scenario = of_family(32, "late")
+    assert scenario.name == "neighbour2-32" and "about 9 fit" in scenario.description
+    result = one_run(scenario, AIMD(), "closed-32", DURATION_S, 1)
+    back_s = recovery_s(scenario, result, DURATION_S)
+    assert back_s is not None and back_s <= 1.0, result.limits_between(45.0, 47.0)
+    assert max(result.limits_between(47.0, DURATION_S)) == 9 and result.ooms == 0
+
+
 def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> None:
     """Arrivals at the capacity the card has once inputs shrink threefold (an unseen draw): the line
     still holds requests of the old size, served between the new ones (newest first). They weigh the

@@ -108,6 +108,7 @@ class MemoryModel:
         self._quantile: float | None = None  # `SIZE_QUANTILE` of `_shares`, anew at each reading
         self._late_size: float | None = None  # a size whose readings took requests not allocated for a shrink
         self._whole: float | None = None  # the size the `_shares` are whole numbers of, anew at each reading
+        self._whole_since = 0  # the reading from which they have been, without a break
         self._not_whole: float | None = None  # such a size an OOM asked for another than, since the sizes changed
         # (share of one request, in flight) of the busy readings within the spread since the change
         self._shares: deque[tuple[float, float]] = deque(maxlen=WINDOW_READINGS)
@@ -184,7 +185,10 @@ class MemoryModel:
                 self._one_size_at = self.samples
         finally:
             self._quantile = self._share_quantile()
-            self._whole = self._whole_size()
+            whole = self._whole_size()
+            if whole is None or self._whole is None:
+                self._whole_since = self.samples
+            self._whole = whole
             est = self.estimate()
             self.ooms.observe(now_s, self.room(), 0.0 if est is None else est.per_request_bytes)
 
@@ -214,9 +218,13 @@ class MemoryModel:
         return abs(used - self._ours - others) <= self._own_slack(in_flight)
 
     def _own_slack(self, in_flight: float) -> float:
-        """How far the card less the own count may stray from the others' bytes and still agree."""
+        """How far the card less the own count may stray from the others' bytes and still agree. By
+        the requests' spread, not where they are read whole: then the spread is of readings that caught
+        some not allocated yet, which the own count does not (a neighbour's 3 GiB, come while a crash left
+        ours holding nothing, was read as our requests holding less, and the size fell to a tenth)."""
         assert self._per_request is not None
-        return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight)
+        spread_sq = 0.0 if self._whole is not None else self._spread_sq
+        return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(spread_sq * in_flight)
 
     def _own_count_rose(self, in_flight: float, used: float) -> bool:
         """Whether the own count, believed (`_own_told`), says the others rose at this busy reading."""
@@ -275,7 +283,11 @@ class MemoryModel:
                 self._baseline, self._anchored = self._anchor, True
             else:
                 self._baseline, self._anchored = used, False
-        moved_baseline = used - self._per_request * in_flight
+        # Requests read whole for `SETTLED_READINGS` are of that size: by their mean, which counts the
+        # slots not allocated yet, every reading of them all allocated reads as the others' rise. (A mix
+        # whose sums fall whole by chance does so for a few readings.)
+        settled = self.samples - self._whole_since >= SETTLED_READINGS
+        moved_baseline = used - (self._whole if self._whole is not None and settled else self._per_request) * in_flight
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
