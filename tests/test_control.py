@@ -1526,8 +1526,8 @@ def test_a_neighbour_read_by_the_own_count_beside_requests_read_whole_is_believe
     """Five 3 GiB requests beside 8 GiB of others, five fit; readings catch up to three of them not
     allocated yet, and each holds a whole number of 3 GiB: the requests are of that size, and the
     readings' spread is wide. A neighbour's 2 GiB comes: the own count reads the others 2 GiB higher
-    at once. By a slack of the readings' spread that is within it, and the rise was read as our
-    requests holding more, with five let in where four fit; they are of one size, and it is the others."""
+    at once. Weighed against a slack of the readings' spread, that was within it: the rise was read as
+    our requests holding more, and five were let in where four fit. They are of one size: it is the others'."""
     memory = MemoryModel()
     memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
     not_allocated = [0, 1, 0, 2, 1, 0, 0, 1, 0, 3]

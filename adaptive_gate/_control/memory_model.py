@@ -217,13 +217,19 @@ class MemoryModel:
             return self._own_agrees
         return abs(used - self._ours - others) <= self._own_slack(in_flight)
 
+    def _settled_whole(self) -> float | None:
+        """The size the readings have held whole numbers of for `SETTLED_READINGS` in a row, or None: then
+        the requests are of that size, and the readings' spread is of slots not allocated yet, not of
+        sizes. (A mix whose sums fall whole by chance does so for a few readings.)"""
+        return self._whole if self.samples - self._whole_since >= SETTLED_READINGS else None
+
     def _own_slack(self, in_flight: float) -> float:
         """How far the card less the own count may stray from the others' bytes and still agree. By
         the requests' spread, not where they are read whole: then the spread is of readings that caught
         some not allocated yet, which the own count does not (a neighbour's 3 GiB, come while a crash left
         ours holding nothing, was read as our requests holding less, and the size fell to a tenth)."""
         assert self._per_request is not None
-        spread_sq = 0.0 if self._whole is not None else self._spread_sq
+        spread_sq = 0.0 if self._settled_whole() is not None else self._spread_sq
         return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(spread_sq * in_flight)
 
     def _own_count_rose(self, in_flight: float, used: float) -> bool:
@@ -283,11 +289,9 @@ class MemoryModel:
                 self._baseline, self._anchored = self._anchor, True
             else:
                 self._baseline, self._anchored = used, False
-        # Requests read whole for `SETTLED_READINGS` are of that size: by their mean, which counts the
-        # slots not allocated yet, every reading of them all allocated reads as the others' rise. (A mix
-        # whose sums fall whole by chance does so for a few readings.)
-        settled = self.samples - self._whole_since >= SETTLED_READINGS
-        moved_baseline = used - (self._whole if self._whole is not None and settled else self._per_request) * in_flight
+        # Requests read whole are of that size: by their mean, which counts the slots not allocated yet,
+        # every reading of them all allocated reads as the others' rise.
+        moved_baseline = used - (self._settled_whole() or self._per_request) * in_flight
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
@@ -386,11 +390,11 @@ class MemoryModel:
         if len(pending) < RELIEF_READINGS:
             return
         relieved = max(b for b, *_ in pending)
-        if self._whole is not None:
+        if (whole := self._settled_whole()) is not None:
             # Requests of one size, read whole: a reading holds the others' bytes and whole requests, at
             # most one per slot. By the mean (below the size: it counts the slots not allocated yet) the
             # others held more than they did, and the room never came back.
-            relieved = max(used - self._whole * n for *_, used, n in pending)
+            relieved = max(used - whole * n for *_, used, n in pending)
         reads = [r for _, r, *_ in pending if r is not None]
         readings = [(u, n) for *_, u, n in pending]  # (used, in flight) of each
         pending.clear()
