@@ -199,6 +199,20 @@ def test_a_neighbour_the_size_of_one_request_is_read_from_the_own_count_not_from
     assert max(result.limits_between(47.0, DURATION_S)) == 9 and result.ooms == 0
 
 
+def test_a_neighbour_that_leaves_is_read_from_the_own_count_the_moment_the_card_reads_less() -> None:
+    """An unseen draw: five requests of 5.2 GiB fit on a 48 GiB card, each allocating up to 50 ms after
+    its admission; neighbours of 8.2 and then 13.1 GiB for the middle half, at twice the capacity. When
+    the second left, the card read less than the others were believed to hold, and they were put at
+    the last anchor or at the card's reading, not where the own count read them (the weights alone):
+    the rest was read as our requests holding less, a mix of their mean let six in where five fit, and
+    37 OOMs followed (the reader has 5). The own count, believed, says where the others are."""
+    scenario = of_family(24, "late")
+    assert scenario.name == "neighbour2-24" and "about 5 fit" in scenario.description
+    ours, reader = beside_the_reader(scenario, "2x")
+    assert ours.ooms <= reader.ooms + len(scenario.phases) - 1, ours.oom_times_s
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
 def test_inputs_that_shrink_with_a_line_of_the_old_sizes_cost_no_pile_up() -> None:
     """Arrivals at the capacity the card has once inputs shrink threefold (an unseen draw): the line
     still holds requests of the old size, served between the new ones (newest first). They weigh the

@@ -283,9 +283,13 @@ class MemoryModel:
         within their usual spread (learned only while the others' bytes are anchored)."""
         assert self._per_request is not None and self._baseline is not None
         if self._baseline > used:
-            # The others hold no more than is used: back to what was last anchored, where that fits.
+            # The others hold no more than is used: by the own count, where it is believed, exactly the
+            # card less ours (a neighbour's leaving, beside requests that had not all allocated, was read
+            # as our requests holding less); else back to what was last anchored, where that fits.
             self._rise = None
-            if self._anchor is not None and self._anchor <= used:
+            if self._ours is not None and self._own_agrees:
+                self._baseline, self._anchored = used - self._ours, False
+            elif self._anchor is not None and self._anchor <= used:
                 self._baseline, self._anchored = self._anchor, True
             else:
                 self._baseline, self._anchored = used, False
