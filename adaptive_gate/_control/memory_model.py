@@ -294,7 +294,9 @@ class MemoryModel:
             else:
                 self._baseline, self._anchored = used, False
         # Requests read whole are of that size: by their mean, which counts the slots not allocated yet,
-        # every reading of them all allocated reads as the others' rise.
+        # every reading of them all allocated reads as the others' rise, and a fall (`_relieve` takes the
+        # most cautious of a pair of these) left the others above where they were: a neighbour's room
+        # never came back.
         moved_baseline = used - (self._settled_whole() or self._per_request) * in_flight
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
@@ -394,11 +396,6 @@ class MemoryModel:
         if len(pending) < RELIEF_READINGS:
             return
         relieved = max(b for b, *_ in pending)
-        if (whole := self._settled_whole()) is not None:
-            # Requests of one size, read whole: a reading holds the others' bytes and whole requests, at
-            # most one per slot. By the mean (below the size: it counts the slots not allocated yet) the
-            # others held more than they did, and the room never came back.
-            relieved = max(used - whole * n for *_, used, n in pending)
         reads = [r for _, r, *_ in pending if r is not None]
         readings = [(u, n) for *_, u, n in pending]  # (used, in flight) of each
         pending.clear()
