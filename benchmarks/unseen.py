@@ -35,13 +35,14 @@ NEIGHBOURS = ["neighbour", "greedy", "neighbour2", "growth", "shrink", "classic"
 # Neighbours of other shapes, and changes that come together.
 COMPOUND = ["leak", "flapping", "no-room", "mix-cost-neighbour", "mix-routes-neighbour", "growth-neighbour",
             "neighbour-shrink"]  # fmt: skip
+MIXES = ["mix-cost", "mix-routes"]
 FAMILIES = {
     "neighbours": NEIGHBOURS,
-    "mixes": ["mix-cost", "mix-routes"],
+    "mixes": MIXES,
     "many": NEIGHBOURS,
-    "readings": [*NEIGHBOURS, "mix-cost", "mix-routes"],
+    "readings": [*NEIGHBOURS, *MIXES],
     "compound": COMPOUND,
-    "late": [*NEIGHBOURS, "mix-cost", "mix-routes"],
+    "late": [*NEIGHBOURS, *MIXES],
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
