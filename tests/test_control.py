@@ -775,6 +775,18 @@ def misread_shrink(c: AIMD) -> float:
     return now_s
 
 
+def oom_of_the_size_before(c: AIMD, *, oldest_s: float | None = None) -> float:
+    """`misread_shrink`, then an OOM of one of the six let in, asking for 3 GiB, the size from before
+    (the oldest in flight arrived at `oldest_s`, where given). The time of the OOM."""
+    bound(c, initial=1)
+    now_s = misread_shrink(c) + 0.01
+    if oldest_s is not None:
+        c.oldest_in_flight(oldest_s)
+    assert not c.allocation_failed(3 * GiB, 1)
+    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    return now_s
+
+
 def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
     """Five requests of 3 GiB fit beside 8 GiB of others (5.3 in 16 GiB of room). Readings catch one
     of them not allocated yet (20 GiB where 23), and the model takes a first step; then one and two
@@ -796,10 +808,7 @@ def test_an_oom_that_asks_for_the_size_from_before_a_shrink_undoes_it() -> None:
     of `late-start` with 32 clients in real time, the model kept 2.4, went on to read the requests
     as a mix, where an OOM bars no level, and ran out three times)."""
     c = AIMD()
-    bound(c, initial=1)
-    now_s = misread_shrink(c) + 0.01
-    assert not c.allocation_failed(3 * GiB, 1)
-    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    oom_of_the_size_before(c)
     assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(3 * GiB)
     assert c.memory.cap() == 5 and c.heavier_before() is None
 
@@ -810,10 +819,7 @@ def test_after_a_shrink_was_misread_readings_of_whole_requests_are_not_taken_for
     on the card went round misread shrink, OOM, undo every second or two (`decode-first` with 32
     clients, four runs of 30 s: 0.75 of the reader and 32 OOMs, where 0.94 and 7)."""
     c = AIMD()
-    bound(c, initial=1)
-    now_s = misread_shrink(c) + 0.01
-    assert not c.allocation_failed(3 * GiB, 1)
-    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    now_s = oom_of_the_size_before(c)
     for used_gib in (8, 20, 20, 20, 20, 17, 17, 14):
         now_s += 0.1
         c.oldest_in_flight(now_s - 0.05)
@@ -826,11 +832,7 @@ def test_an_oom_of_a_request_from_before_a_shrink_leaves_it() -> None:
     """The same OOM, where a request that arrived before the first step may still run (the oldest in
     flight arrived before it): that request is of the size from before, and says nothing of the new."""
     c = AIMD()
-    bound(c, initial=1)
-    now_s = misread_shrink(c) + 0.01
-    c.oldest_in_flight(0.0)
-    assert not c.allocation_failed(3 * GiB, 1)
-    c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=6)
+    oom_of_the_size_before(c, oldest_s=0.0)
     assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.4 * GiB, rel=0.02)
     assert c.heavier_before() is not None
 
