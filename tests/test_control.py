@@ -1547,6 +1547,30 @@ def test_a_neighbour_read_by_the_own_count_beside_requests_read_whole_is_believe
     assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.cap() == 4
 
 
+def test_a_neighbour_read_leaving_by_the_own_count_beside_requests_read_whole_is_believed_gone() -> None:
+    """A neighbour's 2 GiB beside 8 GiB of weights, four 3 GiB requests in flight; readings catch up
+    to three of them not allocated yet, so they swing by 9 GiB. The neighbour leaves: the own count
+    reads the others 2 GiB lower at two readings in a row, within that swing. Believed: five fit. (Read
+    by the count in flight alone, the fall was our requests holding less: the others stayed at 10 GiB
+    and the size fell to 2.3 GiB.)"""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 10 * GiB, TOTAL, own_bytes=6 * GiB)
+    not_allocated = [0, 1, 0, 2, 1, 0, 0, 1, 0, 3]
+    now_s = 0.0
+    for i in range(33):
+        now_s += 0.1
+        neighbour_gib = 0 if i >= 30 else 2
+        held_gib = 3 * (4 - not_allocated[i % len(not_allocated)])
+        memory.add(now_s, 4, (8 + neighbour_gib + held_gib) * GiB, TOTAL, own_bytes=(6 + held_gib) * GiB)
+        if i == 29:
+            estimate = memory.estimate()
+            assert estimate is not None and estimate.baseline_bytes == pytest.approx(10 * GiB)
+            assert memory.cap() == 4
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert estimate.baseline_bytes == pytest.approx(8 * GiB) and memory.cap() == 5
+
+
 def test_a_neighbour_that_leaves_between_the_two_readings_of_a_fall_is_believed_gone() -> None:
     """Beside a 4 GiB neighbour four requests fit. The first reading of a fall catches one of ours
     not allocated yet (the own count reads the others still at 12 GiB); before the second, the

@@ -209,12 +209,14 @@ class MemoryModel:
         """Whether the own count told our requests' bytes at this reading (the card less them is the
         others' bytes the model holds). Only then is the next reading's count believed: a framework
         that allocates outside PyTorch's allocator never gets there. Where our requests hold too little
-        to tell (a mix's small ones, requests not allocated yet or failed), the last answer stands."""
+        to tell (a mix's small ones, requests not allocated yet or failed), the last answer stands; so
+        it does where it read the others fall, till the next reading confirms the fall or not."""
         mean, others = self._per_request, self._baseline
         if self._ours is None or mean is None or others is None:
             return self._own_agrees if in_flight <= 0 else False
-        if self._ours < OWN_SHARE * mean * in_flight:
-            return self._own_agrees
+        fall_pending = bool(self._pending_relief) and self._pending_relief[-1][1] is not None
+        if self._ours < OWN_SHARE * mean * in_flight or fall_pending:
+            return self._own_agrees  # too little to tell, or a fall it read that the next reading confirms or not
         return abs(used - self._ours - others) <= self._own_slack(in_flight)
 
     def _settled_whole(self) -> float | None:
@@ -342,6 +344,10 @@ class MemoryModel:
             self._baseline, self._anchored = moved_baseline, False
         elif moved_baseline < self._baseline - noise_bytes:
             self._relieve(moved_baseline, used, in_flight, own_others)
+        elif own_others is not None and own_others < self._baseline - self._own_slack(in_flight):
+            # The own count reads the others fall where the readings swing too far to tell (requests
+            # caught before they allocate): a neighbour left.
+            self._relieve(own_others, used, in_flight, own_others)
         else:
             self._pending_relief.clear()
             if self._anchored:
@@ -399,9 +405,8 @@ class MemoryModel:
         reads = [r for _, r, *_ in pending if r is not None]
         readings = [(u, n) for *_, u, n in pending]  # (used, in flight) of each
         pending.clear()
-        others_read = self._others_read(relieved, reads)
         # Below what the card held idle, or the others as the own count read them: ours hold less
-        floor = max(self._idle_floor or 0.0, others_read or 0.0)
+        floor = self._others_floor(relieved, reads)
         if relieved >= floor:
             self._baseline, self._anchored = relieved, False
         elif used - floor < MIN_REQUEST_FRACTION * self._total_bytes:
@@ -446,15 +451,17 @@ class MemoryModel:
         roomy = self._total_bytes - used >= self._per_request
         return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
 
-    def _others_read(self, relieved: float, reads: list[float]) -> float | None:
-        """The least of the others' bytes by the own count over a fall, where it read them nearer where
-        they were believed than `relieved`: then our requests hold less, not the others. None where it
-        did not read them at both, or its rest rose (a request's tensors not freed yet)."""
-        baseline = self._baseline
+    def _others_floor(self, relieved: float, reads: list[float]) -> float:
+        """The least the others may hold after a fall to `relieved`, `reads` their bytes by the own count
+        over it. Where it read them at both (its rest not risen: a request's tensors not freed yet) nearer
+        where they were believed than `relieved`, the least it read: our requests hold less, not the
+        others. Where it read them fall, the most it read, if below what the card held idle (a neighbour
+        there then has left); else what the card held idle."""
+        idle, baseline = self._idle_floor or 0.0, self._baseline
         if self._own_rest_rose or baseline is None or len(reads) < RELIEF_READINGS:
-            return None
+            return idle
         least = min(reads)
-        return least if least > (baseline + relieved) / 2 else None
+        return max(idle, least) if least > (baseline + relieved) / 2 else min(idle, max(reads))
 
     def _whole_of_late_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
