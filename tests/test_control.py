@@ -1669,6 +1669,23 @@ def test_requests_that_mostly_hold_nothing_yet_are_read_as_whole_requests_not_a_
     assert memory.cap() == 5
 
 
+def test_a_pair_of_readings_of_whole_requests_one_short_is_no_shrink_once_they_have_read_whole() -> None:
+    """Five 3 GiB requests fit; every few readings catch one of them not allocated yet, and each reading
+    holds a whole number of 3 GiB: for thirty readings in a row. Then two readings in a row catch one
+    not allocated: whole requests, one short, as before, not requests that shrank. (Taken for a shrink,
+    the size fell to 2.8 GiB and a sixth was let in; in a draw of `--family late`, where two requests
+    fit, to half the size the next pair, and four were let in, two of them to run out.)"""
+    total = int(25.75 * GiB)
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    not_allocated = [1, 0, 1, 0, 0, 0] + [1, 0, 0, 0] * 6 + [0, 0, 1, 1]
+    for i, short in enumerate(not_allocated):
+        memory.add(0.1 * (i + 1), 5, (8 + 3 * (5 - short)) * GiB, total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert memory.cap() == 5
+
+
 def test_a_mix_whose_sums_fall_whole_is_a_mix_once_an_oom_asks_for_another_size() -> None:
     """Requests of 1.5 and 6 GiB, three at a time, hold 4.5, 9 or 13.5 GiB: whole numbers of 4.5, as
     if requests of 4.5 GiB were caught before they allocate. An OOM that asks for 6 GiB says they are
