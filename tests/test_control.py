@@ -1686,6 +1686,22 @@ def test_a_pair_of_readings_of_whole_requests_one_short_is_no_shrink_once_they_h
     assert memory.cap() == 5
 
 
+def test_readings_of_whole_requests_one_short_while_the_first_are_learnt_are_no_shrink() -> None:
+    """Five 3 GiB requests fit. From the first readings, requests allocate a while after admission: one
+    in flight holds 3 GiB, two hold 6, then four hold 9 and five 12 (one short). Whole numbers of the
+    size just learnt, before any size has settled, are slots not allocated yet. (Taken for a shrink, the
+    size fell to 2.8 GiB and a sixth was let in: the one or two OOMs of the first second, in a draw of
+    `--family late` where the reader has none.)"""
+    total = int(25.75 * GiB)
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    for i, (in_flight, allocated) in enumerate([(1, 1), (2, 2), (4, 3), (5, 4), (5, 3), (5, 4)]):
+        memory.add(0.1 * (i + 1), in_flight, (8 + 3 * allocated) * GiB, total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert memory.cap() == 5
+
+
 def test_a_mix_whose_sums_fall_whole_is_a_mix_once_an_oom_asks_for_another_size() -> None:
     """Requests of 1.5 and 6 GiB, three at a time, hold 4.5, 9 or 13.5 GiB: whole numbers of 4.5, as
     if requests of 4.5 GiB were caught before they allocate. An OOM that asks for 6 GiB says they are

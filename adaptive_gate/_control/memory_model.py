@@ -466,10 +466,12 @@ class MemoryModel:
     def _whole_of_late_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
         number of a size an OOM named after such readings had been taken for a shrink (`learn_size`), or
-        else of the size the readings have held whole numbers of for a while (`_settled_whole`): the
-        requests of that size caught before they allocate, again (a shrink falls on whole numbers of the
-        size before only by chance, and the next pair that does not takes it)."""
-        size = self._late_size or self._settled_whole()
+        else of the size the readings have held whole numbers of for a while (`_settled_whole`), or of
+        the size itself while the first readings since the sizes changed are learnt (one size, not a
+        mix): the requests of that size caught before they allocate, again (a shrink falls on whole
+        numbers of the size before only by chance, and the next pair that does not takes it)."""
+        learning = self._since_sizes < SETTLED_READINGS and not self.is_mix()
+        size = self._late_size or self._settled_whole() or (self._per_request if learning else None)
         if size is None:
             return False
         return all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
