@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from adaptive_gate import AIMD, Fixed, MemorySample
 from adaptive_gate._control.memory_model import RELIEF_READINGS
 from adaptive_gate.control import Controller, MemoryModel
+from adaptive_gate.memory_model import MemoryEstimate
 
 GiB = 2**30
 TOTAL = 24 * GiB
@@ -1524,6 +1525,19 @@ def test_half_the_slots_not_allocated_beside_a_neighbour_do_not_bring_back_the_r
     assert memory.cap() == 4
 
 
+def read_beside_own_count(
+    memory: MemoryModel, in_flight: int, held_gib: list[int], neighbour_gib: int, *, start: int = 0, total: int = TOTAL
+) -> MemoryEstimate:
+    """Readings 0.1 s apart, from the `start`-th, of `in_flight` requests holding `held_gib` (one figure a
+    reading) beside 8 GiB of weights and a neighbour's `neighbour_gib`, with the process's own count (6
+    GiB of its own beside our requests' bytes). The estimate after the last."""
+    for i, held in enumerate(held_gib, start=start):
+        memory.add(0.1 * (i + 1), in_flight, (8 + neighbour_gib + held) * GiB, total, own_bytes=(6 + held) * GiB)
+    estimate = memory.estimate()
+    assert estimate is not None
+    return estimate
+
+
 def test_a_neighbour_read_by_the_own_count_beside_requests_read_whole_is_believed_at_once() -> None:
     """Five 3 GiB requests beside 8 GiB of others, five fit; readings catch up to three of them not
     allocated yet, and each holds a whole number of 3 GiB: the requests are of that size, and the
@@ -1532,18 +1546,12 @@ def test_a_neighbour_read_by_the_own_count_beside_requests_read_whole_is_believe
     our requests holding more, and five were let in where four fit. They are of one size: it is the others'."""
     memory = MemoryModel()
     memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
-    not_allocated = [0, 1, 0, 2, 1, 0, 0, 1, 0, 3]
-    now_s = 0.0
-    for i in range(33):
-        now_s += 0.1
-        neighbour_gib = 2 if i >= 30 else 0
-        held_gib = 3 * (5 - not_allocated[i % len(not_allocated)])
-        memory.add(now_s, 5, (8 + neighbour_gib + held_gib) * GiB, TOTAL, own_bytes=(6 + held_gib) * GiB)
-        estimate = memory.estimate()
-        if i == 29:
-            assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
-            assert estimate.spread_bytes > 0.5 * GiB and memory.cap() == 5
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    held_gib = [3 * (5 - short) for short in [0, 1, 0, 2, 1, 0, 0, 1, 0, 3] * 4]
+    estimate = read_beside_own_count(memory, 5, held_gib[:30], 0)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert estimate.spread_bytes > 0.5 * GiB and memory.cap() == 5
+    estimate = read_beside_own_count(memory, 5, held_gib[30:33], 2, start=30)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.cap() == 4
 
 
@@ -1555,19 +1563,11 @@ def test_a_neighbour_read_leaving_by_the_own_count_beside_requests_read_whole_is
     and the size fell to 2.3 GiB.)"""
     memory = MemoryModel()
     memory.add(0.0, 0, 10 * GiB, TOTAL, own_bytes=6 * GiB)
-    not_allocated = [0, 1, 0, 2, 1, 0, 0, 1, 0, 3]
-    now_s = 0.0
-    for i in range(33):
-        now_s += 0.1
-        neighbour_gib = 0 if i >= 30 else 2
-        held_gib = 3 * (4 - not_allocated[i % len(not_allocated)])
-        memory.add(now_s, 4, (8 + neighbour_gib + held_gib) * GiB, TOTAL, own_bytes=(6 + held_gib) * GiB)
-        if i == 29:
-            estimate = memory.estimate()
-            assert estimate is not None and estimate.baseline_bytes == pytest.approx(10 * GiB)
-            assert memory.cap() == 4
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    held_gib = [3 * (4 - short) for short in [0, 1, 0, 2, 1, 0, 0, 1, 0, 3] * 4]
+    estimate = read_beside_own_count(memory, 4, held_gib[:30], 2)
+    assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.cap() == 4
+    estimate = read_beside_own_count(memory, 4, held_gib[30:33], 0, start=30)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert estimate.baseline_bytes == pytest.approx(8 * GiB) and memory.cap() == 5
 
 
@@ -1580,19 +1580,13 @@ def test_a_neighbour_read_leaving_by_the_own_count_beside_a_mix_is_believed_gone
     total = 32 * GiB
     memory = MemoryModel()
     memory.add(0.0, 0, 10 * GiB, total, own_bytes=6 * GiB)
-    large = [0, 1, 2, 1, 3, 0, 2, 1]
-    for i in range(33):
-        neighbour_gib = 0 if i >= 30 else 2
-        held_gib = 8 + 2 * large[i % len(large)]
-        used_bytes = (8 + neighbour_gib + held_gib) * GiB
-        memory.add(0.1 * (i + 1), 4, used_bytes, total, own_bytes=(6 + held_gib) * GiB)
-        estimate = memory.estimate()
-        assert estimate is not None
-        if i == 29:
-            assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.is_mix()
-            size_gib = estimate.per_request_bytes / GiB
+    held_gib = [8 + 2 * large for large in [0, 1, 2, 1, 3, 0, 2, 1] * 5]
+    estimate = read_beside_own_count(memory, 4, held_gib[:30], 2, total=total)
+    assert estimate.baseline_bytes == pytest.approx(10 * GiB) and memory.is_mix()
+    size_bytes = estimate.per_request_bytes
+    estimate = read_beside_own_count(memory, 4, held_gib[30:33], 0, start=30, total=total)
     assert estimate.baseline_bytes == pytest.approx(8 * GiB)
-    assert estimate.per_request_bytes / GiB == pytest.approx(size_gib)
+    assert estimate.per_request_bytes == pytest.approx(size_bytes)
 
 
 def test_a_neighbour_that_leaves_between_the_two_readings_of_a_fall_is_believed_gone() -> None:
