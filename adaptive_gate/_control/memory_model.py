@@ -219,6 +219,11 @@ class MemoryModel:
             return self._own_agrees  # too little to tell, or a fall it read that the next reading confirms or not
         return abs(used - self._ours - others) <= self._own_slack(in_flight)
 
+    def _sizes_settled(self) -> bool:
+        """Whether `SETTLED_READINGS` readings have passed since our requests' sizes (or units) last
+        changed: a size from before then is one the readings held, not one they were still learning."""
+        return self._since_sizes >= SETTLED_READINGS
+
     def _settled_whole(self) -> float | None:
         """The size the readings have held whole numbers of for `SETTLED_READINGS` in a row, or None: then
         the requests are of that size, and the readings' spread is of slots not allocated yet, not of
@@ -414,7 +419,7 @@ class MemoryModel:
         elif used - floor < MIN_REQUEST_FRACTION * self._total_bytes:
             # Ours hold nothing at all: admitted and not started (a stalled loop), not smaller.
             self._baseline, self._anchored = floor, True
-        elif self._size_read_lately(floor) or self._whole_of_late_size(floor, readings):
+        elif self._size_read_lately(floor) or self._whole_of_a_known_size(floor, readings):
             # Slots between a request's admission and its allocation, not requests that shrank.
             self._baseline, self._anchored = floor, True
         else:
@@ -422,7 +427,7 @@ class MemoryModel:
             # its first step came from (`_shrunk`); the size from before is kept only where it held a
             # while (`SETTLED_READINGS`).
             shrunk = self._shrunk
-            before = self._per_request if self._since_sizes >= SETTLED_READINGS else None
+            before = self._per_request if self._sizes_settled() else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             last_step, self._shrink_step_at = self._shrink_step_at, self.samples
             confirmed = self._shrink_confirmed(used, last_step)
@@ -465,14 +470,14 @@ class MemoryModel:
         least = min(reads)
         return max(idle, least) if least > (baseline + relieved) / 2 else min(idle, max(reads))
 
-    def _whole_of_late_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
+    def _whole_of_a_known_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
         number of a size an OOM named after such readings had been taken for a shrink (`learn_size`), or
         else of the size the readings have held whole numbers of for a while (`_settled_whole`), or of
         the size itself while the first readings since the sizes changed are learnt (one size, not a
         mix): the requests of that size caught before they allocate, again (a shrink falls on whole
         numbers of the size before only by chance, and the next pair that does not takes it)."""
-        learning = self._since_sizes < SETTLED_READINGS and not self.is_mix()
+        learning = not self._sizes_settled() and not self.is_mix()
         size = self._late_size or self._settled_whole() or (self._per_request if learning else None)
         if size is None:
             return False
@@ -701,7 +706,7 @@ class MemoryModel:
         # Settled since the sizes last changed, not the card (growth is first read as the others'
         # rise); or soon after a shrink, a size past the one from before by more than a mix's spread.
         before = self._size_before
-        settled = self._since_sizes >= SETTLED_READINGS or (before is not None and per_unit > (1 + MIX_SPREAD) * before)
+        settled = self._sizes_settled() or (before is not None and per_unit > (1 + MIX_SPREAD) * before)
         uniform = est.spread_bytes < MIX_SPREAD * est.per_request_bytes
         # One size until the last readings: the spread they showed is larger ones among the others, and a
         # size beyond a mix's spread of the mean is the inputs that grew.
