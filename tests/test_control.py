@@ -1329,6 +1329,29 @@ def test_a_level_that_ran_out_at_an_exact_fit_comes_back_once_a_leak_frees_less_
     assert c.limit == 4 and c.describe()["oom"] is None
 
 
+def test_an_oom_whose_neighbour_the_readings_show_late_is_explained_by_it() -> None:
+    """Five of 10 GiB ran out with room for 5.9 by the model: a greedy neighbour took the card while
+    requests were caught before they allocate, and its first bytes were read as our requests growing
+    (room for 5.14, then 5.05), the others' rise only at the fourth reading (room for 2.4). That
+    reading explains the OOM. (Counted only within a quarter second, the bar kept room for 5.05 as
+    the card the OOM happened on: after the neighbour left, with room for 5.9, four were let in for
+    the last 20 s of a draw of `--family late`, where five fit.) A neighbour that comes a second after
+    the OOM explains nothing of it."""
+    from adaptive_gate._control.oom_states import OomStates
+
+    states = OomStates()
+    states.record(10.0, 5, 5.9)
+    for now_s, room in [(10.1, 5.14), (10.2, 5.05), (10.3, 5.05), (10.4, 2.4)]:
+        states.observe(now_s, room)
+    assert states.barred_from(10.5, 2.4) == 5
+    assert states.barred_from(30.0, 5.9) is None  # the neighbour left: five fit again
+    later = OomStates()
+    later.record(10.0, 5, 5.9)
+    for now_s, room in [(10.1, 5.9), (10.5, 5.9), (11.0, 2.4)]:
+        later.observe(now_s, room)
+    assert later.barred_from(30.0, 5.9) == 5  # the card read as it was at the OOM: a whole request roomier needed
+
+
 def test_a_bar_at_a_fit_by_the_slack_alone_holds_until_the_level_fits_without_it() -> None:
     from adaptive_gate._control.oom_states import OomStates
 
@@ -1717,6 +1740,44 @@ def test_readings_of_whole_requests_one_short_while_the_first_are_learnt_are_no_
         memory.add(0.1 * (i + 1), in_flight, (8 + 3 * allocated) * GiB, total)
     estimate = memory.estimate()
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert memory.cap() == 5
+
+
+def test_readings_of_whole_requests_one_short_before_four_have_taught_a_size_are_no_shrink() -> None:
+    """Six 2 GiB requests fit beside 2.5 GiB of weights. One in flight holds 2 GiB, two hold 4; then
+    six are in flight and each reading catches one to four of them not allocated yet, for eight
+    readings: none taught a size (`MIN_QUANTILE_READINGS`), though ten have passed since the sizes
+    changed. The eleventh pair, four allocated of six twice, is whole requests again, not a shrink.
+    (Taken for one, the size fell to 1.78 GiB and a seventh was let in: the one OOM, a second into a
+    draw of `--family late`, where the reader has none.)"""
+    total = 16 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, int(2.5 * GiB), total)
+    allocated = [(1, 1), (2, 2), (4, 3), (6, 4), (6, 2), (6, 4), (6, 3), (6, 5), (6, 4), (6, 4)]
+    for i, (in_flight, held) in enumerate(allocated):
+        memory.add(0.1 * (i + 1), in_flight, int((2.5 + 2 * held) * GiB), total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(2 * GiB)
+    assert memory.cap() == 6
+
+
+def test_requests_that_shrank_to_whole_numbers_of_the_size_before_and_read_steady_are_a_shrink() -> None:
+    """Requests of 3.5 GiB shrink: a first pair of readings moves the size a step down, to 3.12 GiB,
+    and four in flight then hold what three of 3.12 GiB would, reading after reading. Whole numbers of
+    the size, but the readings do not swing as requests caught before they allocate make them: a
+    shrink, not slots not allocated yet. (Taken for those, the size stayed at 3.12 GiB for the rest
+    of a draw of `--family neighbours`, four let in where five fit: 0.87 of the reader.)"""
+    total = 24 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, int(10.5 * GiB), total)
+    for i, held in enumerate([3 * 3.5] * 30 + [2 * 3.5] * 2):
+        memory.add(0.1 * (i + 1), 3, int((10.5 + held) * GiB), total)
+    first_step = memory.estimate()
+    assert first_step is not None and first_step.per_request_bytes < 3.2 * GiB
+    for i in range(16):
+        memory.add(3.3 + 0.1 * i, 4, int(10.5 * GiB + 3 * first_step.per_request_bytes), total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes < 2.6 * GiB
     assert memory.cap() == 5
 
 

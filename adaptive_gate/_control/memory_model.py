@@ -477,11 +477,24 @@ class MemoryModel:
         the size itself while the first readings since the sizes changed are learnt (one size, not a
         mix): the requests of that size caught before they allocate, again (a shrink falls on whole
         numbers of the size before only by chance, and the next pair that does not takes it)."""
-        learning = not self._sizes_settled() and not self.is_mix()
+        learning = not self.is_mix() and (
+            not self._sizes_settled() or (self._quantile is None and self._caught_short(floor))
+        )
         size = self._late_size or self._settled_whole() or (self._per_request if learning else None)
         if size is None:
             return False
         return all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
+
+    def _caught_short(self, floor: float) -> bool:
+        """Whether the busy readings since the sizes last changed, before the last pair, caught our
+        requests (beside the others' `floor`) short of the size by more than one whole number: requests
+        caught before they allocate, more of them at some readings than at others. Requests that shrank
+        to whole numbers of the size before stay as short, reading after reading."""
+        size = self._per_request
+        assert size is not None
+        since = list(self._recent)[-self._since_sizes : -RELIEF_READINGS] if self._since_sizes > RELIEF_READINGS else []
+        short = {round(n - (used - floor) / size) for _, n, used in since if n > 0}
+        return len(short) > 1 and max(short) > 0
 
     def _size_read_lately(self, floor: float) -> bool:
         """Whether a reading within `SHRINK_SERVICES` service times before the last `RELIEF_READINGS`

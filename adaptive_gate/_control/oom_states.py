@@ -17,8 +17,10 @@ FIT_SLACK = 0.01
 # How much roomier (in requests) the card must read than at an OOM before its level is tried again:
 # less let two gates on one card, each the other's neighbour, run out by turns.
 ROOM_MARGIN = 1.0
-# How long after an OOM the readings still describe the card it happened on (and the first after it).
-OOM_STATE_S = 0.25
+# How long after an OOM the readings still describe the card it happened on (and the first after it): a
+# greedy neighbour's first bytes, beside requests caught before they allocate, read as ours growing, and
+# its rise as the others' only at the fourth reading.
+OOM_STATE_S = 0.5
 MAX_STATES = 16
 PLACED_MEMORY_S = 120.0  # an OOM the gate saw, kept this long at most (a card that never changes)
 # One the app caught (cuDNN counts its own tries too), or one its own request's size explains.
