@@ -474,8 +474,9 @@ class MemoryModel:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
         number of a size an OOM named after such readings had been taken for a shrink (`learn_size`), or
         else of the size the readings have held whole numbers of for a while (`_settled_whole`), or of
-        the size itself while the first readings since the sizes changed are learnt (one size, not a
-        mix): the requests of that size caught before they allocate, again (a shrink falls on whole
+        the size itself while the sizes are learnt (one size, not a mix: the first ten readings since
+        they changed, or till four teach a size where the readings caught requests short by different
+        numbers): the requests of that size caught before they allocate, again (a shrink falls on whole
         numbers of the size before only by chance, and the next pair that does not takes it)."""
         learning = not self.is_mix() and (
             not self._sizes_settled() or (self._quantile is None and self._caught_short(floor))
@@ -487,9 +488,9 @@ class MemoryModel:
 
     def _caught_short(self, floor: float) -> bool:
         """Whether the busy readings since the sizes last changed, before the last pair, caught our
-        requests (beside the others' `floor`) short of the size by more than one whole number: requests
-        caught before they allocate, more of them at some readings than at others. Requests that shrank
-        to whole numbers of the size before stay as short, reading after reading."""
+        requests (beside the others' `floor`) short of the size by different whole numbers, some by one
+        at least: requests caught before they allocate, more of them at some readings than at others.
+        Requests that shrank to whole numbers of the size before stay as short, reading after reading."""
         size = self._per_request
         assert size is not None
         since = list(self._recent)[-self._since_sizes : -RELIEF_READINGS] if self._since_sizes > RELIEF_READINGS else []
