@@ -1710,20 +1710,31 @@ def test_requests_that_mostly_hold_nothing_yet_are_read_as_whole_requests_not_a_
     assert memory.cap() == 5
 
 
+def read_whole_requests(
+    readings: list[tuple[int, int]], *, weights_gib: float, size_gib: float, total: int
+) -> tuple[MemoryModel, MemoryEstimate]:
+    """A model that read the card idle with `weights_gib` of weights, then, 0.1 s apart, each of the
+    (in flight, allocated) `readings`: so many requests in flight, so many of them holding `size_gib`
+    and the rest nothing yet. The model and its estimate after the last."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, int(weights_gib * GiB), total)
+    for i, (in_flight, allocated) in enumerate(readings):
+        memory.add(0.1 * (i + 1), in_flight, int((weights_gib + size_gib * allocated) * GiB), total)
+    estimate = memory.estimate()
+    assert estimate is not None
+    return memory, estimate
+
+
 def test_a_pair_of_readings_of_whole_requests_one_short_is_no_shrink_once_they_have_read_whole() -> None:
     """Five 3 GiB requests fit; every few readings catch one of them not allocated yet, and each reading
     holds a whole number of 3 GiB: for thirty readings in a row. Then two readings in a row catch one
     not allocated: whole requests, one short, as before, not requests that shrank. (Taken for a shrink,
     the size fell to 2.8 GiB and a sixth was let in; in a draw of `--family late`, where two requests
     fit, to half the size the next pair, and four were let in, two of them to run out.)"""
-    total = int(25.75 * GiB)
-    memory = MemoryModel()
-    memory.add(0.0, 0, 8 * GiB, total)
     not_allocated = [1, 0, 1, 0, 0, 0] + [1, 0, 0, 0] * 6 + [0, 0, 1, 1]
-    for i, short in enumerate(not_allocated):
-        memory.add(0.1 * (i + 1), 5, (8 + 3 * (5 - short)) * GiB, total)
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    readings = [(5, 5 - short) for short in not_allocated]
+    memory, estimate = read_whole_requests(readings, weights_gib=8, size_gib=3, total=int(25.75 * GiB))
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert memory.cap() == 5
 
 
@@ -1733,13 +1744,9 @@ def test_readings_of_whole_requests_one_short_while_the_first_are_learnt_are_no_
     size just learnt, before any size has settled, are slots not allocated yet. (Taken for a shrink, the
     size fell to 2.8 GiB and a sixth was let in: the one or two OOMs of the first second, in a draw of
     `--family late` where the reader has none.)"""
-    total = int(25.75 * GiB)
-    memory = MemoryModel()
-    memory.add(0.0, 0, 8 * GiB, total)
-    for i, (in_flight, allocated) in enumerate([(1, 1), (2, 2), (4, 3), (5, 4), (5, 3), (5, 4)]):
-        memory.add(0.1 * (i + 1), in_flight, (8 + 3 * allocated) * GiB, total)
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    readings = [(1, 1), (2, 2), (4, 3), (5, 4), (5, 3), (5, 4)]
+    memory, estimate = read_whole_requests(readings, weights_gib=8, size_gib=3, total=int(25.75 * GiB))
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert memory.cap() == 5
 
 
@@ -1750,30 +1757,22 @@ def test_readings_of_whole_requests_one_short_before_four_have_taught_a_size_are
     changed. The eleventh pair, four allocated of six twice, is whole requests again, not a shrink.
     (Taken for one, the size fell to 1.78 GiB and a seventh was let in: the one OOM, a second into a
     draw of `--family late`, where the reader has none.)"""
-    total = 16 * GiB
-    memory = MemoryModel()
-    memory.add(0.0, 0, int(2.5 * GiB), total)
-    allocated = [(1, 1), (2, 2), (4, 3), (6, 4), (6, 2), (6, 4), (6, 3), (6, 5), (6, 4), (6, 4)]
-    for i, (in_flight, held) in enumerate(allocated):
-        memory.add(0.1 * (i + 1), in_flight, int((2.5 + 2 * held) * GiB), total)
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(2 * GiB)
+    readings = [(1, 1), (2, 2), (4, 3), (6, 4), (6, 2), (6, 4), (6, 3), (6, 5), (6, 4), (6, 4)]
+    memory, estimate = read_whole_requests(readings, weights_gib=2.5, size_gib=2, total=16 * GiB)
+    assert estimate.per_request_bytes == pytest.approx(2 * GiB)
     assert memory.cap() == 6
 
 
 def test_requests_that_shrank_to_whole_numbers_of_the_size_before_and_read_steady_are_a_shrink() -> None:
     """Requests of 3.5 GiB shrink: a first pair of readings moves the size a step down, to 3.12 GiB,
     and four in flight then hold what three of 3.12 GiB would, reading after reading. Whole numbers of
-    the size, but the readings do not swing as requests caught before they allocate make them: a
-    shrink, not slots not allocated yet. (Taken for those, the size stayed at 3.12 GiB for the rest
-    of a draw of `--family neighbours`, four let in where five fit: 0.87 of the reader.)"""
+    the size, but the readings catch them short by the same number each time, where requests caught
+    before they allocate are more at some readings than at others: a shrink, not slots not allocated
+    yet. (Taken for those, the size stayed at 3.12 GiB for the rest of a draw of `--family neighbours`,
+    four let in where five fit: 0.87 of the reader.)"""
     total = 24 * GiB
-    memory = MemoryModel()
-    memory.add(0.0, 0, int(10.5 * GiB), total)
-    for i, held in enumerate([3 * 3.5] * 30 + [2 * 3.5] * 2):
-        memory.add(0.1 * (i + 1), 3, int((10.5 + held) * GiB), total)
-    first_step = memory.estimate()
-    assert first_step is not None and first_step.per_request_bytes < 3.2 * GiB
+    memory, first_step = read_whole_requests([(3, 3)] * 30 + [(3, 2)] * 2, weights_gib=10.5, size_gib=3.5, total=total)
+    assert first_step.per_request_bytes < 3.2 * GiB
     for i in range(16):
         memory.add(3.3 + 0.1 * i, 4, int(10.5 * GiB + 3 * first_step.per_request_bytes), total)
     estimate = memory.estimate()

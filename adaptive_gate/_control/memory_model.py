@@ -478,10 +478,10 @@ class MemoryModel:
         they changed, or till four teach a size where the readings caught requests short by different
         numbers): the requests of that size caught before they allocate, again (a shrink falls on whole
         numbers of the size before only by chance, and the next pair that does not takes it)."""
-        learning = not self.is_mix() and (
-            not self._sizes_settled() or (self._quantile is None and self._caught_short(floor))
-        )
-        size = self._late_size or self._settled_whole() or (self._per_request if learning else None)
+        size = self._late_size or self._settled_whole()
+        if size is None and not self.is_mix():
+            learning = not self._sizes_settled() or (self._quantile is None and self._caught_short(floor))
+            size = self._per_request if learning else None
         if size is None:
             return False
         return all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
