@@ -387,6 +387,26 @@ def a_reading_that_refits(core: GateCore, refit: dict[str, float], now_s: float)
     del weights.reading
 
 
+@pytest.mark.parametrize(("operator", "least"), [(None, 4), (OperatorBounds(1, 4), 2)], ids=["configured", "operator"])
+def test_requests_weighed_before_the_weights_changed_never_hold_the_limit_below_the_least_in_force(
+    operator: OperatorBounds | None, least: int
+) -> None:
+    """Three requests took a slot each; a reading weighs them 2 + 2 + 0.5 slots. The limit comes down by
+    what they are worth beyond what they took, but not below the least limit in force: 4 as configured
+    (it came down to 2), or an operator's 1 (down to 2, as the weights say)."""
+    core = GateCore(AIMD(), min_limit=4, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
+    core.set_operator(operator, 0.0)
+    tickets = []
+    for route in ("/heavy", "/heavy", "/light"):
+        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
+        tickets.append(core.admitted(0.0, 0.0, 1, route))
+    a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.5}, 0.1)
+    assert core.statistics(0.1).limit == least
+    for ticket in tickets:
+        core.release(ticket, 0.2, Outcome.COMPLETED)
+    assert core.statistics(0.2).in_flight == 0
+
+
 @pytest.mark.parametrize(
     ("refit", "told_first"),
     [({"/heavy": 2.0, "/light": 0.5}, "weak"), ({"/other": 0.5}, "placed")],

@@ -526,14 +526,16 @@ class GateCore(CoreSnapshot):
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
         new_limit = self.controller.limit
         limiter = self.limiter
+        operator = self.operator
         if self.route_weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
             # Requests weighed before the weights last changed hold the slots of then: where they are
-            # worth more now, the limiter would let others into their difference.
+            # worth more now, the limiter would let others into their difference; never below the
+            # least limit in force (the configured one, or an operator's).
             excess = self._worth_now() + self._heavier_in_flight - limiter.in_flight
             if excess > 0.01 * max(1.0, limiter.in_flight):
-                new_limit = max(1, math.floor(new_limit - excess + 0.01))
+                least = self.min_limit if operator is None else operator.min_limit
+                new_limit = max(least, math.floor(new_limit - excess + 0.01))
                 reason = reason or "reweighed"
-        operator = self.operator
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
