@@ -44,11 +44,18 @@ def check_tags(tag: object) -> frozenset[str] | None:
     """One tag, or several (FastAPI's tags are lists, so a list is natural); None gates every request."""
     if tag is None:
         return None
+    tags: frozenset[str] | None = None
     if isinstance(tag, str | enum.Enum):
-        return frozenset({normalise_tag(tag)})
-    if isinstance(tag, list | tuple | set | frozenset) and tag and all(isinstance(t, str | enum.Enum) for t in tag):
-        return frozenset(normalise_tag(t) for t in tag)
-    raise TypeError(f'tag must be a str such as "gpu", a list of them, or None (gate every request); got {tag!r}')
+        tags = frozenset({normalise_tag(tag)})
+    elif isinstance(tag, list | tuple | set | frozenset) and tag and all(isinstance(t, str | enum.Enum) for t in tag):
+        tags = frozenset(normalise_tag(t) for t in tag)
+    if tags is None:
+        raise TypeError(f'tag must be a str such as "gpu", a list of them, or None (gate every request); got {tag!r}')
+    if any(not t.strip() for t in tags):
+        # A slip (an unset variable, a stray comma): the gate would stand in front of nothing.
+        empty = f"got an empty one in {tag!r}; None gates every request"
+        raise ValueError(f'tag must name a route tag such as "gpu", {empty}')
+    return tags
 
 
 def check_probe(probe: object) -> object:

@@ -389,6 +389,8 @@ async def test_status_path_can_move_or_go() -> None:
         ({"health_paths": "/healthz"}, TypeError, "health_paths must be a tuple of paths"),
         ({"tag": 7}, TypeError, 'tag must be a str such as "gpu", a list of them, or None'),
         ({"tag": []}, TypeError, "tag must be a str"),
+        ({"tag": ""}, ValueError, 'tag must name a route tag such as "gpu", got an empty one'),
+        ({"tag": ["gpu", " "]}, ValueError, "tag must name a route tag"),
         ({"max_body_bytes": -1}, ValueError, "max_body_bytes must be >= 0"),
         ({"max_buffered_bytes": 1, "max_body_bytes": 2}, ValueError, "max_buffered_bytes must be >= 2"),
         ({"body_timeout": 0}, ValueError, "body_timeout must be > 0"),
