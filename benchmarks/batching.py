@@ -30,6 +30,8 @@ from typing import Any
 from adaptive_gate._batch.batching import Assembly, Entry
 from adaptive_gate._batch.policy import BatchPolicy
 
+from .environment import environment
+
 GiB = 2**30
 RESULTS = Path(__file__).parent / "results"
 TOTAL_BYTES = 24 * GiB
@@ -172,6 +174,7 @@ def main() -> None:
     args = parser.parse_args()
     policies = ["none", *(f"fixed-{n}" for n in FIXED), "adaptive"]
     document: dict[str, Any] = {
+        "environment": environment(),
         "command": "python -m benchmarks.batching" + ("" if args.clients == CLIENTS else f" --clients {args.clients}"),
         "time": "virtual",
         "model": {"total_gib": 24, "weights_gib": 8, "item_gib": 0.5, "workspace_gib": 2, "a_s": A_S, "b_s": B_S,

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from .environment import environment
 from .http_demo import Service, closed_loop
 
 RESULTS = Path(__file__).parent / "results"
@@ -50,6 +51,7 @@ def main() -> None:
     print(f"{verdict} demo on {args.device} ({args.model}): --batching on {on:.2f}/s vs off {off:.2f}/s = {ratio:.2f}x "
           "(target >= 0.95)")  # fmt: skip
     document: dict[str, Any] = {
+        "environment": environment(),
         "command": "python -m benchmarks.batching_demo "
         f"--device {args.device} --model {args.model} --rounds {args.rounds}",
         "machine": {"cpus": os.cpu_count(), "device": args.device},

@@ -40,6 +40,8 @@ from PIL import Image
 
 from adaptive_gate.status import percentiles_ms
 
+from .environment import environment
+
 RESULTS = Path(__file__).parent / "results"
 DEADLINE_S = 10.0
 
@@ -294,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "http_demo.json"
     document: dict[str, Any] = {
+        "environment": environment(),
         "command": " ".join(["python -m benchmarks.http_demo", *sys.argv[1:]]),
         "complete": False,
         "duration_s": duration_s,

@@ -34,6 +34,8 @@ from fastapi.responses import PlainTextResponse
 
 from adaptive_gate import AdaptiveGate, Fixed
 
+from .environment import environment
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -261,7 +263,8 @@ def main() -> None:
             f"{served[f'cpu_ratio_{name}']:.3f}x the requests per CPU-second"
         )
     RESULTS.mkdir(exist_ok=True)
-    result = {"command": "python -m benchmarks.overhead" + (" --quick" if args.quick else ""), "cpus": os.cpu_count(),
+    command = "python -m benchmarks.overhead" + (" --quick" if args.quick else "")
+    result = {"environment": environment(), "command": command, "cpus": os.cpu_count(),
               "in_process": process, "uvicorn": served}  # fmt: skip
     (RESULTS / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
 

@@ -253,7 +253,8 @@ def overhead_rows() -> list[str]:
             f"| through uvicorn, server CPU µs per request | {server['cpu_us_no_gate']:.0f} | "
             f"{server['cpu_us_pass-through']:.0f} | {server['cpu_us_defaults']:.0f} | {server['cpu_us_fixed']:.0f} |",
         ]
-    return [*rows, "", f"{made_by(document)} on {document['cpus']} cores"]
+    made = made_by(document)  # names the cores where the JSON holds its environment
+    return [*rows, "", made if "environment" in document else f"{made} on {document['cpus']} cores"]
 
 
 def overload_rows() -> list[str]:
