@@ -9,7 +9,7 @@ import math
 
 __all__ = [
     "check_class_option", "check_fraction", "check_health_paths", "check_int", "check_paths", "check_probe",
-    "check_seconds", "check_tags", "check_token", "check_unprotected", "normalise_tag",
+    "check_finite", "check_seconds", "check_tags", "check_token", "check_unprotected", "normalise_tag",
 ]  # fmt: skip
 
 MIN_TOKEN_CHARS = 16
@@ -29,6 +29,15 @@ def check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
     if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
+    return float(value)
+
+
+def check_finite(name: str, value: object, *, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 where `positive`): NaN and infinity fail, as no run ends on them."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not 0 <= value < math.inf or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from ._checks import check_finite, check_int, check_seconds
 from ._control.control import AIMD, Controller
 from ._gate.core import GateCore
 from ._simulation.run import CLIENT_PAUSE_S, Phase, Run, SimulationResult
@@ -56,10 +57,19 @@ def simulate(
     `start_delay_s` > 0: each admitted request allocates after a delay drawn up to so long, holding
     nothing meanwhile, as one does on a loaded event loop (its handler runs late) or while it
     decodes its input on the CPU; its work starts then."""
-    if crash_s < 0 or (clients is not None and clients < 1):
-        raise ValueError(f"need crash_s >= 0 and clients None or >= 1, got {crash_s} and {clients}")
-    if not 0 <= start_delay_s < math.inf:  # NaN too; an endless delay would hold its slot for good
-        raise ValueError(f"need start_delay_s >= 0 seconds and finite, got {start_delay_s}")
+    # Numbers that would make no run fail here: an endless or NaN duration, or readings every 0 s, hung
+    check_finite("duration_s", duration_s, positive=True)
+    check_finite("sample_period_s", sample_period_s, positive=True)
+    check_finite("start_delay_s", start_delay_s)  # an endless delay would hold its slot for good
+    check_seconds("queue_timeout_s", queue_timeout_s)
+    check_seconds("crash_s", crash_s)
+    if not knee > 0:  # NaN too
+        raise ValueError(f"knee must be > 0 requests at full speed (math.inf: no knee), got {knee!r}")
+    if not 0 <= oom_after_fraction <= 1:
+        raise ValueError(f"oom_after_fraction must be within [0, 1] of a request's work, got {oom_after_fraction!r}")
+    if clients is not None:
+        check_int("clients (None: the phases' open loop)", clients, 1)
+    check_int("max_limit", max_limit, check_int("min_limit", min_limit, 1))
     run = Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
     if gpu is not None:
         run.gpu = gpu

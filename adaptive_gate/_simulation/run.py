@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._checks import check_finite, check_int
 from .._gate.core import GateCore, Outcome, Ticket, units_of_cost
 from .._gate.limiter import Waiter
 from .._gate.reasons import ADMITTED, Reason
@@ -38,6 +39,20 @@ class Phase:
     cost: Callable[[int], float] | None = None
     # Which route a request of so many bytes takes (one the gate can tell apart); None: one route
     route: Callable[[int], str] | None = None
+
+    def __post_init__(self) -> None:
+        """Bad numbers fail here, saying which (a NaN rate drew no arrival and failed deep in the run)."""
+        check_finite("Phase.start_s", self.start_s)
+        check_finite("Phase.rate_per_s", self.rate_per_s)
+        if not callable(self.work_s):
+            check_finite("Phase.work_s (seconds, or a draw (rng) -> seconds)", self.work_s)
+        if not callable(self.request_bytes):
+            check_int("Phase.request_bytes (or a draw (rng) -> bytes)", self.request_bytes, 0)
+        check_int("Phase.neighbour_bytes", self.neighbour_bytes, 0)
+        check_int("Phase.neighbour_step_bytes", self.neighbour_step_bytes, 0)
+        for name in ("cost", "route"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"Phase.{name} must be None or a callable of a request's bytes")
 
 
 @dataclass
