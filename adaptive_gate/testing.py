@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from .memory import MemorySample
+from ._checks import check_finite, check_int
+from .memory import MemorySample, _byte_count
 
 __all__ = ["Allocation", "SimulatedGPU", "SimulatedOutOfMemoryError"]
 
@@ -86,14 +87,18 @@ class SimulatedGPU:
         knee: float = math.inf,
         seed: int | None = None,
     ) -> None:
-        if total_bytes <= 0:
-            raise ValueError(f"total_bytes must be > 0, got {total_bytes}")
-        if not 0 <= baseline_bytes <= total_bytes:
+        total_bytes, baseline_bytes = (
+            _byte_count("total_bytes", total_bytes),
+            _byte_count("baseline_bytes", baseline_bytes),
+        )
+        if total_bytes == 0:
+            raise ValueError("total_bytes must be > 0, got 0")
+        if baseline_bytes > total_bytes:
             raise ValueError(f"baseline_bytes must be within [0, total_bytes], got {baseline_bytes}")
-        if not 0.0 <= fragmentation < 1.0:
+        if not 0.0 <= fragmentation < 1.0:  # NaN too
             raise ValueError(f"fragmentation must be in [0, 1), got {fragmentation}")
-        if knee <= 0:
-            raise ValueError(f"knee must be > 0, got {knee}")
+        if not knee > 0:  # NaN too
+            raise ValueError(f"knee must be > 0 (math.inf: no contention), got {knee}")
         self.total_bytes = total_bytes
         self.fragmentation = fragmentation
         self.knee = knee
@@ -143,16 +148,13 @@ class SimulatedGPU:
 
     def allocate(self, nbytes: int) -> Allocation:
         """`with gpu.allocate(n): ...` holds n bytes for the block; raises an OOM if they don't fit."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        return Allocation(self, nbytes)
+        return Allocation(self, _byte_count("nbytes", nbytes))
 
     def set_neighbour(self, nbytes: int) -> None:
         """Another process on the card now wants `nbytes` (0: it left). It takes what is free now and
         the rest as memory frees, before anyone else (a process that retries its allocation), so the
         card never holds more than it has: a reading shows what is really held."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        nbytes = _byte_count("nbytes", nbytes)
         with self._lock:
             self._neighbour_wanted_bytes = nbytes
             self._neighbour_bytes = min(self._neighbour_bytes, nbytes)
@@ -169,8 +171,8 @@ class SimulatedGPU:
     def grow_neighbour(self, step_bytes: int, up_to_bytes: int) -> bool:
         """A greedy neighbour (another process's caching allocator) takes `step_bytes` more while that
         much is free, up to `up_to_bytes` in all; True when it grew."""
-        if step_bytes <= 0:
-            raise ValueError(f"step_bytes must be > 0, got {step_bytes}")
+        check_int("step_bytes", step_bytes, 1)
+        check_int("up_to_bytes", up_to_bytes, 0)
         with self._lock:
             free_bytes = self.total_bytes - self._used_bytes - self._neighbour_bytes
             if free_bytes < step_bytes or self._neighbour_bytes + step_bytes > up_to_bytes:
@@ -214,6 +216,8 @@ class SimulatedGPU:
 
     def compute(self, work_s: float, *, tick_s: float = 0.002) -> None:
         """Block for `work_s` seconds of full-speed work, slowed down past the knee."""
+        check_finite("work_s", work_s)
+        check_finite("tick_s", tick_s, positive=True)  # a tick of 0 s never ends
         with self._lock:
             self._computing += 1
         try:

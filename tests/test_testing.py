@@ -170,8 +170,37 @@ def test_compute_slows_past_the_knee(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"total_bytes": 10, "baseline_bytes": 11}, "baseline_bytes"),
         ({"total_bytes": 10, "fragmentation": 1.0}, "fragmentation"),
         ({"total_bytes": 10, "knee": 0}, "knee"),
+        ({"total_bytes": 10, "knee": float("nan")}, "knee must be > 0"),
+        ({"total_bytes": 10.5}, "total_bytes must be a whole number"),
+        ({"total_bytes": -1}, "total_bytes must be in"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         SimulatedGPU(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda gpu: gpu.allocate(1.5), "nbytes must be a whole number"),
+        (lambda gpu: gpu.allocate(-1), "nbytes must be in"),
+        (lambda gpu: gpu.set_neighbour(float("nan")), "nbytes must be a whole number"),
+        (lambda gpu: gpu.grow_neighbour(0, GiB), "step_bytes must be >= 1"),
+        (lambda gpu: gpu.compute(-1.0), "work_s must be a finite number >= 0"),
+        (lambda gpu: gpu.compute(float("nan")), "work_s must be a finite number >= 0"),
+        (lambda gpu: gpu.compute(0.01, tick_s=0), "tick_s must be a finite number > 0"),  # it never ended
+    ],
+)
+def test_bad_calls_say_what_is_wrong(call: Callable[[SimulatedGPU], object], match: str) -> None:
+    gpu = SimulatedGPU(GiB)
+    with pytest.raises(ValueError, match=match):
+        call(gpu)
+    assert gpu.used_bytes == 0 and gpu.neighbour_bytes == 0
+
+
+def test_a_whole_number_of_bytes_given_as_a_float_is_taken() -> None:
+    gpu = SimulatedGPU(float(GiB), baseline_bytes=0.0)  # type: ignore[arg-type]
+    with gpu.allocate(0.5 * GiB):  # type: ignore[arg-type]
+        assert gpu.used_bytes == GiB // 2 and isinstance(gpu.used_bytes, int)
+    assert gpu.sample().used_bytes == 0
