@@ -10,12 +10,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._checks import check_finite, check_int
+from .._checks import check_finite
 from .._gate.core import GateCore, Outcome, Ticket, units_of_cost
 from .._gate.limiter import Waiter
 from .._gate.reasons import ADMITTED, Reason
 from .._gate.statistics import LimitChange
-from ..memory import MemorySample
+from ..memory import MemorySample, _byte_count
 from ..testing import Allocation, SimulatedGPU
 
 __all__ = ["CLIENT_PAUSE_S", "NEIGHBOUR_PERIOD_S", "Phase", "Run", "SimulationResult"]
@@ -46,10 +46,10 @@ class Phase:
         check_finite("Phase.rate_per_s", self.rate_per_s)
         if not callable(self.work_s):
             check_finite("Phase.work_s (seconds, or a draw (rng) -> seconds)", self.work_s)
-        if not callable(self.request_bytes):
-            check_int("Phase.request_bytes (or a draw (rng) -> bytes)", self.request_bytes, 0)
-        check_int("Phase.neighbour_bytes", self.neighbour_bytes, 0)
-        check_int("Phase.neighbour_step_bytes", self.neighbour_step_bytes, 0)
+        # Bytes as `MemorySample` takes them: whole, an integral float taken as an int
+        drawn = callable(self.request_bytes)
+        for name in ["neighbour_bytes", "neighbour_step_bytes", *([] if drawn else ["request_bytes"])]:
+            object.__setattr__(self, name, _byte_count(f"Phase.{name}", getattr(self, name)))
         for name in ("cost", "route"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise TypeError(f"Phase.{name} must be None or a callable of a request's bytes")
