@@ -57,7 +57,7 @@ def simulate(
     `start_delay_s` > 0: each admitted request allocates after a delay drawn up to so long, holding
     nothing meanwhile, as one does on a loaded event loop (its handler runs late) or while it
     decodes its input on the CPU; its work starts then."""
-    # Numbers that would make no run fail here: an endless or NaN duration, or readings every 0 s, hung
+    # A number that would make no run fails here (an endless or NaN duration, or readings every 0 s, hung)
     check_finite("duration_s", duration_s, positive=True)
     check_finite("sample_period_s", sample_period_s, positive=True)
     check_finite("start_delay_s", start_delay_s)  # an endless delay would hold its slot for good

@@ -2,7 +2,7 @@
 never fails, and its limit never leaves the bounds in force.
 
 Drawn far wider than the benchmarks' families: cards of 2 to 141 GiB nearly full of weights or empty,
-requests of a few bytes or larger than the card, mixes, routes and `cost`, neighbours that take more
+requests of a few bytes or larger than the room, mixes, routes and `cost`, neighbours that take more
 than the room, greedy ones, crashes, closed loops, readings every 20 ms or every second, requests that
 allocate late.
 """
