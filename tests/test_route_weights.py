@@ -601,6 +601,22 @@ def test_a_budget_goes_no_further_than_an_operators_bound() -> None:
     assert core.limiter.budget == 4.7
 
 
+def test_a_budget_goes_no_further_than_the_configured_max_limit() -> None:
+    """The model reads room for 4.7 slots where the gate is configured with `max_limit=4`: 4 slots at most
+    (it filled 4.7 with requests that weigh parts of one), as under an operator's bound; with room under
+    the bound, the part of a slot more."""
+
+    class Roomy(Fixed):
+        budget = 4.7
+
+    capped = GateCore(Roomy(4), min_limit=1, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
+    capped.set_operator(None, 0.0)  # the gate applies what its controller says
+    assert capped.limiter.limit == 4 and capped.limiter.budget == 4
+    roomy = GateCore(Roomy(4), min_limit=1, max_limit=5, initial_limit=4, max_queue=8, max_retry_after_s=60)
+    roomy.set_operator(None, 0.0)
+    assert roomy.limiter.limit == 4 and roomy.limiter.budget == 4.7
+
+
 def test_the_core_tells_routes_apart_at_its_limit() -> None:
     """Through the core: two requests in flight at every reading, of either route (a gate held at its
     limit). The sum never varies, and the others' bytes the memory model read idle tell the routes

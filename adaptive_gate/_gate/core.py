@@ -539,8 +539,9 @@ class GateCore(CoreSnapshot):
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
-        budget: float | None = None  # an operator's bound is whole slots: no part of one past it
-        if operator is None or new_limit < operator.max_limit:
+        # A bound is whole slots, configured or an operator's: no part of one past it
+        budget: float | None = None
+        if new_limit < (self.max_limit if operator is None else operator.max_limit):
             budget = getattr(self.controller, "budget", None)  # optional in the protocol
         old_limit = limiter.limit
         if new_limit == old_limit:
