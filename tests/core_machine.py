@@ -113,6 +113,7 @@ class CoreMachine(RuleBasedStateMachine):
         assert counters.rejected == self.turned_away and counters.left_queue == self.left
         low, high = self.core.bounds()
         assert low <= limiter.limit <= high and 1 <= limiter.limit <= 6
+        assert limiter.limit <= limiter.budget <= high  # a part of a slot, never past a bound (whole slots)
         # Nobody waits beside a free slot, unless one heavier than its own waits for its room. A free
         # slot is a whole one: one that waited across a shrink may hold 1.5, and 5.5 of 6 leave none.
         assert not (self.waiting and limiter.in_flight + 1 <= limiter.limit and all(w.units == 1 for w in self.waiting))
