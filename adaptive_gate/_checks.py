@@ -8,11 +8,14 @@ import enum
 import math
 
 __all__ = [
-    "check_class_option", "check_fraction", "check_health_paths", "check_int", "check_paths", "check_probe",
-    "check_finite", "check_seconds", "check_tags", "check_token", "check_unprotected", "normalise_tag",
+    "MAX_BYTES", "check_bytes", "check_class_option", "check_fraction", "check_health_paths", "check_int",
+    "check_number", "check_paths", "check_probe", "check_seconds", "check_tags", "check_token", "check_unprotected",
+    "normalise_tag",
 ]  # fmt: skip
 
 MIN_TOKEN_CHARS = 16
+# No device holds an exabyte; a larger figure is a probe's mistake, and would overflow float arithmetic.
+MAX_BYTES = 2**60
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -24,21 +27,32 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return value
 
 
+def check_number(name: str, value: object, *, allow_zero: bool = True, finite: bool = False, unit: str = "") -> float:
+    """A number >= 0 (> 0 unless `allow_zero`), never NaN; where `finite`, never infinite either (a run
+    of endless seconds, or readings every 0 s, never ends). `unit` names what it counts, for the message."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number{f' of {unit}' if unit else ''}, got {type(value).__name__} {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero) or (finite and value == math.inf):
+        bound = f"{'a finite number ' if finite else ''}{'>= 0' if allow_zero else '> 0'}{f' {unit}' if unit else ''}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return float(value)
+
+
 def check_seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
-    return float(value)
+    return check_number(name, value, allow_zero=allow_zero, unit="seconds")
 
 
-def check_finite(name: str, value: object, *, positive: bool = False) -> float:
-    """A finite number >= 0 (> 0 where `positive`): NaN and infinity fail, as no run ends on them."""
+def check_bytes(name: str, value: object) -> int:
+    """A whole, non-negative, plausible number; an integral float (some bindings return them) is taken."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not 0 <= value < math.inf or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != math.floor(value):
+            raise ValueError(f"{name} must be a whole number of bytes or events, got {value!r}")
+        value = int(value)
+    if not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{name} must be in [0, 2**60], got {value}")
+    return int(value)
 
 
 def check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-__all__ = ["MAX_BYTES", "MemorySample", "check_sample"]
+from ._checks import MAX_BYTES, check_bytes
 
-# No device holds an exabyte; a larger figure is a probe's mistake, and would overflow float arithmetic.
-MAX_BYTES = 2**60
+__all__ = ["MAX_BYTES", "MemorySample", "check_sample"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,11 @@ class MemorySample:
         # the card has, a count that is not a count) must fail here, where the sampler counts it as
         # a probe error, and never reach the arithmetic of the controller or the status.
         for name in ("used_bytes", "total_bytes"):
-            object.__setattr__(self, name, _byte_count(name, getattr(self, name)))
+            object.__setattr__(self, name, check_bytes(name, getattr(self, name)))
         for name in ("oom_count", "allocated_bytes", "reserved_bytes", "process_count"):
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, _byte_count(name, value))
+                object.__setattr__(self, name, check_bytes(name, value))
         if self.total_bytes <= 0:
             raise ValueError(f"total_bytes must be > 0, got {self.total_bytes}")
         if self.used_bytes > self.total_bytes:
@@ -51,19 +49,6 @@ class MemorySample:
     @property
     def utilisation(self) -> float:
         return self.used_bytes / self.total_bytes
-
-
-def _byte_count(name: str, value: object) -> int:
-    """A whole, non-negative, plausible number; an integral float (some bindings return them) is taken."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != math.floor(value):
-            raise ValueError(f"{name} must be a whole number of bytes or events, got {value!r}")
-        value = int(value)
-    if not 0 <= value <= MAX_BYTES:
-        raise ValueError(f"{name} must be in [0, 2**60], got {value}")
-    return int(value)
 
 
 def check_sample(sample: object) -> MemorySample:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ._checks import check_finite, check_int, check_seconds
+from ._checks import check_int, check_number, check_seconds
 from ._control.control import AIMD, Controller
 from ._gate.core import GateCore
 from ._simulation.run import CLIENT_PAUSE_S, Phase, Run, SimulationResult
@@ -58,9 +58,9 @@ def simulate(
     nothing meanwhile, as one does on a loaded event loop (its handler runs late) or while it
     decodes its input on the CPU; its work starts then."""
     # A number that would make no run fails here (an endless or NaN duration, or readings every 0 s, hung)
-    check_finite("duration_s", duration_s, positive=True)
-    check_finite("sample_period_s", sample_period_s, positive=True)
-    check_finite("start_delay_s", start_delay_s)  # an endless delay would hold its slot for good
+    check_number("duration_s", duration_s, allow_zero=False, finite=True)
+    check_number("sample_period_s", sample_period_s, allow_zero=False, finite=True)
+    check_number("start_delay_s", start_delay_s, finite=True)  # an endless delay would hold its slot for good
     check_seconds("queue_timeout_s", queue_timeout_s)
     check_seconds("crash_s", crash_s)
     if not knee > 0:  # NaN too

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from ._checks import check_finite, check_int
-from .memory import MemorySample, _byte_count
+from ._checks import check_bytes, check_int, check_number
+from .memory import MemorySample
 
 __all__ = ["Allocation", "SimulatedGPU", "SimulatedOutOfMemoryError"]
 
@@ -88,8 +88,8 @@ class SimulatedGPU:
         seed: int | None = None,
     ) -> None:
         total_bytes, baseline_bytes = (
-            _byte_count("total_bytes", total_bytes),
-            _byte_count("baseline_bytes", baseline_bytes),
+            check_bytes("total_bytes", total_bytes),
+            check_bytes("baseline_bytes", baseline_bytes),
         )
         if total_bytes == 0:
             raise ValueError("total_bytes must be > 0, got 0")
@@ -148,13 +148,13 @@ class SimulatedGPU:
 
     def allocate(self, nbytes: int) -> Allocation:
         """`with gpu.allocate(n): ...` holds n bytes for the block; raises an OOM if they don't fit."""
-        return Allocation(self, _byte_count("nbytes", nbytes))
+        return Allocation(self, check_bytes("nbytes", nbytes))
 
     def set_neighbour(self, nbytes: int) -> None:
         """Another process on the card now wants `nbytes` (0: it left). It takes what is free now and
         the rest as memory frees, before anyone else (a process that retries its allocation), so the
         card never holds more than it has: a reading shows what is really held."""
-        nbytes = _byte_count("nbytes", nbytes)
+        nbytes = check_bytes("nbytes", nbytes)
         with self._lock:
             self._neighbour_wanted_bytes = nbytes
             self._neighbour_bytes = min(self._neighbour_bytes, nbytes)
@@ -216,8 +216,8 @@ class SimulatedGPU:
 
     def compute(self, work_s: float, *, tick_s: float = 0.002) -> None:
         """Block for `work_s` seconds of full-speed work, slowed down past the knee."""
-        check_finite("work_s", work_s)
-        check_finite("tick_s", tick_s, positive=True)  # a tick of 0 s never ends
+        check_number("work_s", work_s, finite=True)
+        check_number("tick_s", tick_s, allow_zero=False, finite=True)  # a tick of 0 s never ends
         with self._lock:
             self._computing += 1
         try:

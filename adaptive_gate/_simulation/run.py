@@ -10,12 +10,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._checks import check_finite
+from .._checks import check_bytes, check_number
 from .._gate.core import GateCore, Outcome, Ticket, units_of_cost
 from .._gate.limiter import Waiter
 from .._gate.reasons import ADMITTED, Reason
 from .._gate.statistics import LimitChange
-from ..memory import MemorySample, _byte_count
+from ..memory import MemorySample
 from ..testing import Allocation, SimulatedGPU
 
 __all__ = ["CLIENT_PAUSE_S", "NEIGHBOUR_PERIOD_S", "Phase", "Run", "SimulationResult"]
@@ -42,14 +42,14 @@ class Phase:
 
     def __post_init__(self) -> None:
         """Bad numbers fail here, saying which (a NaN rate drew no arrival and failed deep in the run)."""
-        check_finite("Phase.start_s", self.start_s)
-        check_finite("Phase.rate_per_s", self.rate_per_s)
+        check_number("Phase.start_s", self.start_s, finite=True)
+        check_number("Phase.rate_per_s", self.rate_per_s, finite=True)
         if not callable(self.work_s):
-            check_finite("Phase.work_s (seconds, or a draw (rng) -> seconds)", self.work_s)
+            check_number("Phase.work_s (seconds, or a draw (rng) -> seconds)", self.work_s, finite=True)
         # Bytes as `MemorySample` takes them: whole, an integral float taken as an int
         drawn = callable(self.request_bytes)
         for name in ["neighbour_bytes", "neighbour_step_bytes", *([] if drawn else ["request_bytes"])]:
-            object.__setattr__(self, name, _byte_count(f"Phase.{name}", getattr(self, name)))
+            object.__setattr__(self, name, check_bytes(f"Phase.{name}", getattr(self, name)))
         for name in ("cost", "route"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise TypeError(f"Phase.{name} must be None or a callable of a request's bytes")
