@@ -69,7 +69,6 @@ def simulate(
         raise ValueError(f"oom_after_fraction must be within [0, 1] of a request's work, got {oom_after_fraction!r}")
     if clients is not None:
         check_int("clients (None: the phases' open loop)", clients, 1)
-    check_int("max_limit", max_limit, check_int("min_limit", min_limit, 1))
     run = Run(phases, total_bytes, baseline_bytes, duration_s, queue_timeout_s, knee, sample_period_s, seed, record)
     if gpu is not None:
         run.gpu = gpu

@@ -20,6 +20,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 
+from .._checks import check_int
 from .._control.control import Controller
 from .._control.route_weights import RouteWeights
 from ..memory import MemorySample
@@ -69,6 +70,7 @@ class GateCore(CoreSnapshot):
             raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")
         if not isinstance(controller, Controller):
             raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
+        check_int("max_limit", max_limit, check_int("min_limit", min_limit, 1))  # for whoever builds the core
         controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
         self.controller = controller
         self.min_limit, self.max_limit = min_limit, max_limit
@@ -533,15 +535,14 @@ class GateCore(CoreSnapshot):
             # least limit in force (the configured one, or an operator's).
             excess = self._worth_now() + self._heavier_in_flight - limiter.in_flight
             if excess > 0.01 * max(1.0, limiter.in_flight):
-                least = self.min_limit if operator is None else operator.min_limit
-                new_limit = max(least, math.floor(new_limit - excess + 0.01))
+                new_limit = max(self.bounds()[0], math.floor(new_limit - excess + 0.01))
                 reason = reason or "reweighed"
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
         # A bound is whole slots, configured or an operator's: no part of one past it
         budget: float | None = None
-        if new_limit < (self.max_limit if operator is None else operator.max_limit):
+        if new_limit < self.bounds()[1]:
             budget = getattr(self.controller, "budget", None)  # optional in the protocol
         old_limit = limiter.limit
         if new_limit == old_limit:
