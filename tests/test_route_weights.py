@@ -396,11 +396,8 @@ def test_requests_weighed_before_the_weights_changed_never_hold_the_limit_below_
     (it came down to 2), or an operator's 1 (down to 2, as the weights say)."""
     core = GateCore(AIMD(), min_limit=4, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
     core.set_operator(operator, 0.0)
-    tickets = []
-    for route in ("/heavy", "/heavy", "/light"):
-        assert core.arrive(30.0, units=1, route=route, now_s=0.0) is ADMITTED
-        tickets.append(core.admitted(0.0, 0.0, 1, route))
-    a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.5}, 0.1)
+    tickets = weighed_before_a_change(core)
+    a_reading_that_refits(core, {"/heavy": 2.0, "/light": 0.5}, 0.1)  # as a reading tells it
     assert core.statistics(0.1).limit == least
     for ticket in tickets:
         core.release(ticket, 0.2, Outcome.COMPLETED)
@@ -583,13 +580,15 @@ def test_a_change_of_units_restarts_the_memory_models_line() -> None:
     assert estimate.baseline_bytes == pytest.approx(BASELINE, rel=0.01)
 
 
+class Roomy(Fixed):
+    """A controller whose model reads room for 4.7 slots at a limit of 4."""
+
+    budget = 4.7
+
+
 def test_a_budget_goes_no_further_than_an_operators_bound() -> None:
     """The model reads room for 4.7 slots; an operator who caps the gate at 4 gets 4 slots at most,
     not 4.7: a bound set by hand is whole slots."""
-
-    class Roomy(Fixed):
-        budget = 4.7
-
     now = [0.0]
     core = core_with(Roomy(4), now)
     core.set_operator(None, 0.0)  # the gate applies what its controller says
@@ -605,10 +604,6 @@ def test_a_budget_goes_no_further_than_the_configured_max_limit() -> None:
     """The model reads room for 4.7 slots where the gate is configured with `max_limit=4`: 4 slots at most
     (it filled 4.7 with requests that weigh parts of one), as under an operator's bound; with room under
     the bound, the part of a slot more."""
-
-    class Roomy(Fixed):
-        budget = 4.7
-
     capped = GateCore(Roomy(4), min_limit=1, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
     capped.set_operator(None, 0.0)  # the gate applies what its controller says
     assert capped.limiter.limit == 4 and capped.limiter.budget == 4
