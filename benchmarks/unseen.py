@@ -9,7 +9,8 @@ neighbours of other shapes (one that leaks in steps and then leaves, one that co
 and again, one that leaves room for no request) and changes that come together (a mix beside a
 neighbour, inputs that grow beside one or shrink after it left). The family "late" draws any of the
 first, where each request allocates up to a quarter to three times its work after its admission
-(its input decoded on the CPU first). It runs the default gate and
+(its input decoded on the CPU first); the family "units" its mixes told through `cost`, in a unit of cost
+that makes no request's cost a whole number. It runs the default gate and
 the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
 loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
@@ -43,11 +44,13 @@ FAMILIES = {
     "readings": [*NEIGHBOURS, *MIXES],
     "compound": COMPOUND,
     "late": [*NEIGHBOURS, *MIXES],
+    "units": ["mix-cost"],
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
 FITS = {
-    "neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10), "late": (2, 10)
+    "neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10),
+    "late": (2, 10), "units": (2, 10),
 }  # fmt: skip
 SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
 WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
@@ -77,7 +80,22 @@ def _two_sizes(small: int, large: int, share: float) -> Callable[[random.Random]
 def of_family(seed: int, family: str) -> Scenario:
     """Seed `seed`'s scenario of the family `family` (a key of `FAMILIES`)."""
     scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
-    return late(seed, scenario) if family == "late" else scenario
+    if family == "units":
+        scenario = in_other_units(seed, scenario)
+    return late(seed, scenario) if family in ("late", "units") else scenario
+
+
+def in_other_units(seed: int, scenario: Scenario) -> Scenario:
+    """`scenario`, a mix told through `cost`, with a unit of cost drawn from half to twice its small request:
+    exact, but no longer whole numbers (a small request weighs 1 in the other families)."""
+    unit = random.Random(f"units-{seed}").uniform(0.5, 2.0)
+    told = scenario.cost
+    assert told is not None, "only a mix told through cost has units"
+    return replace(
+        scenario,
+        description=scenario.description + f", a unit of cost {unit:.2f} small requests",
+        cost=lambda nbytes: told(nbytes) / unit,
+    )
 
 
 def late(seed: int, scenario: Scenario) -> Scenario:
