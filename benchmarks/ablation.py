@@ -188,6 +188,28 @@ def no_whole_sizes() -> AIMD:
     return AIMD(memory=_NoWholeSizes())
 
 
+class _WeightsAMix(MemoryModel):
+    def told(self) -> bool:
+        return False
+
+
+def weights_a_mix() -> AIMD:
+    """Slots that weigh what the gate was told (`cost`, route weights) are a mix like any other where their
+    readings spread: requests caught before they allocate read as sizes that vary."""
+    return AIMD(memory=_WeightsAMix())
+
+
+class _NoNamedSize(MemoryModel):
+    def _named_size(self, per_unit: float, per_request: float) -> bool:
+        return False
+
+
+def no_named_size() -> AIMD:
+    """Where the slots weigh what the gate was told, an OOM's named bytes teach a unit's size only as they
+    would where it was told nothing (inputs that grew, a shrink misread)."""
+    return AIMD(memory=_NoNamedSize())
+
+
 class _ShrinkNeverMisread(MemoryModel):
     def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -264,6 +286,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "own count against the swing": own_count_against_the_swing,
     "no whole sizes": no_whole_sizes,
     "shrink never misread": shrink_never_misread,
+    "weights a mix": weights_a_mix,
+    "no named size": no_named_size,
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
@@ -275,7 +299,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # the own count follows them, a mix of routes whose large one an OOM named before the weights, and two
 # neighbours that wait for most of a full card (of 29 requests; of 9, read every tenth of a second),
 # which take what ours free before the refills can; and a neighbour that comes to a card of four large
-# requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third.
+# requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third;
+# and a mix told through a cost in a unit that makes no request a whole number, each allocating late.
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
     ("many", 49, "2x"),
@@ -289,6 +314,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("many", 81028, "2x"),
     ("readings", 81037, "closed-32"),
     ("readings", 81005, "2x"),
+    ("units", 2, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);
