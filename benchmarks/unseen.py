@@ -10,8 +10,9 @@ and again, one that leaves room for no request) and changes that come together (
 neighbour, inputs that grow beside one or shrink after it left). The family "late" draws any of the
 first, where each request allocates up to a quarter to three times its work after its admission
 (its input decoded on the CPU first); the family "units" its mixes told through `cost`, in a unit of cost
-that makes no request's cost a whole number. It runs the default gate and
-the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
+that makes no request's cost a whole number; the family "route-costs" its mixes of routes, each route told a
+cost in the ratio of their bytes give or take half (from two thirds to one and a half times it). It runs the
+default gate and the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
 loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
 while the weights are learnt), or more than a second back to the fit after a neighbour left.
@@ -45,12 +46,13 @@ FAMILIES = {
     "compound": COMPOUND,
     "late": [*NEIGHBOURS, *MIXES],
     "units": ["mix-cost"],
+    "route-costs": ["mix-routes-cost"],
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
 FITS = {
     "neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10),
-    "late": (2, 10), "units": (2, 10),
+    "late": (2, 10), "units": (2, 10), "route-costs": (2, 10),
 }  # fmt: skip
 SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
 WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
@@ -82,7 +84,7 @@ def of_family(seed: int, family: str) -> Scenario:
     scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
     if family == "units":
         scenario = in_other_units(seed, scenario)
-    return late(seed, scenario) if family in ("late", "units") else scenario
+    return late(seed, scenario) if family in ("late", "units", "route-costs") else scenario
 
 
 def in_other_units(seed: int, scenario: Scenario) -> Scenario:
@@ -144,6 +146,7 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
     size = _fitting(room, fit, rng)
     cost: Callable[[int], float] | None = None
     route: Callable[[int], str] | None = None
+    costs = ""  # what the description says of a cost per route
     if kind in ("neighbour", "greedy"):
         neighbour = _leaving(room, size, fit, rng)
         step = GiB // 2 if kind == "greedy" else 0
@@ -198,12 +201,17 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
             cost = lambda nbytes, small=small: nbytes / small  # noqa: E731
         else:
             route = lambda nbytes, small=small: "/infer/large" if nbytes > small else "/infer"  # noqa: E731
+        if kind == "mix-routes-cost":  # a cost per route, in the ratio of their bytes give or take half
+            off = rng.uniform(2 / 3, 3 / 2)
+            told = large / small * off
+            cost = lambda nbytes, small=small, told=told: told if nbytes > small else 1.0  # noqa: E731
+            costs = f", the large route told a cost {off:.2f} times its bytes' ratio"
     else:
         phases = [Phase(0.0, Size(size))]
     return Scenario(
         f"{kind}-{seed}",
         f"{total / GiB:.0f} GiB card, {weights / GiB:.1f} GiB of weights, about {fit} fit, "
-        f"{work_s:g} s a request, OOMs {'crash for 1 s' if crash_s else 'do not crash'}",
+        f"{work_s:g} s a request, OOMs {'crash for 1 s' if crash_s else 'do not crash'}{costs}",
         phases,
         total_bytes=total,
         weights_bytes=weights,

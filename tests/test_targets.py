@@ -176,6 +176,17 @@ def test_a_mix_told_through_a_cost_in_no_whole_units_is_one_size_a_unit_however_
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
+def test_routes_told_a_cost_in_the_ratio_of_their_bytes_keep_to_the_fit_however_late_they_allocate() -> None:
+    """An unseen draw: a mix of routes on a 48 GiB card where about eleven fit, the large route told a cost in
+    the ratio of its bytes (4% over), each request allocating up to 0.2 s after its admission. The cost makes
+    no request of the large route a whole number of units: read as a mix, 294 OOMs came in a minute."""
+    scenario = of_family(11, "route-costs")
+    assert scenario.name == "mix-routes-cost-11" and "told a cost 1.04 times" in scenario.description
+    ours, reader = beside_the_reader(scenario, "2x")
+    assert ours.ooms <= 0.001 * ours.completed, ours.ooms
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
 def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
     """An unseen draw: eight requests of 2.6 GiB fit on a 40 GiB card beside 18.3 GiB, each allocating up
     to 12.5 ms after its admission; a greedy neighbour takes 14.6 GiB for the middle third, 32 clients.
