@@ -154,6 +154,31 @@ def test_a_reading_is_learned_beside_the_requests_in_flight_when_it_was_taken() 
     assert core.limiter.limit == 5  # five fit beside 8 GiB
 
 
+def test_a_reading_counts_what_requests_weigh_beyond_their_own_as_of_its_snapshot() -> None:
+    """The probe's thread takes the slots in flight with the reading; the loop learns from it later.
+    A request from before a shrink, weighed half a request more, handed its slots and started in
+    between: subtracted as of the loop's moment, the reading counted 1.45 requests in flight where two
+    ran, parts of a request that tell the model the slots weigh what a `cost` says (`MemoryModel.told`)."""
+    fed: list[float] = []
+
+    class Recording(AIMD):
+        def on_sample(self, *, now_s: float, sample: MemorySample, in_flight: float) -> None:
+            fed.append(in_flight)
+            super().on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
+
+    core = GateCore(Recording(), min_limit=1, max_limit=16, initial_limit=8, max_queue=8, max_retry_after_s=60)
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 0.0)
+    for _ in range(2):
+        assert core.arrive(30.0, now_s=0.0) is ADMITTED
+    then = core.in_flight_now()
+    assert (then.units, then.heavier) == (2.0, 0.0)
+    # On the loop, after the snapshot: a waiter from before the shrink is handed its slots, and starts
+    assert core.limiter.take(1.546875, 0.1) is not None
+    core.admitted(0.1, 0.0, units=1.546875, heavier=0.546875)
+    core.sample(MemorySample(14 * GiB, 24 * GiB), 0.1, then)
+    assert fed == [0.0, 2.0]
+
+
 def test_the_controller_is_told_when_the_oldest_request_in_flight_arrived() -> None:
     """Before each reading: the earliest arrival among the requests in flight, whether they walked
     in or waited in the line (arrived when they joined it), and None once none runs."""

@@ -408,15 +408,21 @@ class GateCore(CoreSnapshot):
 
     def in_flight_now(self) -> InFlight:
         """The requests in flight, in slots and by route. Safe to call from the probe's thread while
-        the loop runs: an attribute read and a copy of a plain dict, neither of which yields the GIL."""
-        return InFlight(self.limiter.in_flight, self.requests_by_route.copy(), self.counters.admitted)
+        the loop runs: attribute reads and a copy of a plain dict, none of which yields the GIL. What they
+        weigh beyond their own is read with the slots: read later, on the loop, after a request from
+        before a shrink came or went, a reading of whole requests counted parts of one."""
+        return InFlight(
+            self.limiter.in_flight, self.requests_by_route.copy(), self.counters.admitted, self._heavier_in_flight
+        )
 
     def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
         """A reading of the card, with the requests in flight when it was taken (`then`; None: now)."""
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
-            then = InFlight(self.limiter.in_flight, self.requests_by_route, self.counters.admitted)
+            then = InFlight(
+                self.limiter.in_flight, self.requests_by_route, self.counters.admitted, self._heavier_in_flight
+            )
         if self.route_weights is not None and self.route_weights.reading(
             sample.used_bytes, then.by_route, self._others_bytes(), now_s, then.admitted
         ):
@@ -439,7 +445,7 @@ class GateCore(CoreSnapshot):
         else:
             # The model reads each request at its own slots: what the line weighs beyond them is a guess
             # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
-            in_flight = max(0.0, then.units - self._heavier_in_flight)
+            in_flight = max(0.0, then.units - then.heavier)
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
         self._count_swallowed_ooms(sample, now_s)
         if self._heavier_before is not None and len(self.requests_by_route) <= 1:
