@@ -1822,3 +1822,36 @@ def test_whole_requests_are_never_told() -> None:
     for i, held_gib in enumerate([1.5, 6, 3, 4.5, 7.5, 3, 6, 1.5] * 4):
         memory.add(0.1 * (i + 1), 2, int((8 + held_gib) * GiB), TOTAL)
     assert not memory.told() and memory.is_mix()
+
+
+def test_a_size_an_oom_named_under_a_cost_goes_once_the_readings_stop_showing_it() -> None:
+    """Requests told through a cost of 1.5 hold 3 GiB (2 GiB a unit). One from before the inputs shrank
+    runs out asking for 6 GiB: a unit is taken to hold at least 4 GiB. Held against readings that never
+    show a unit above 2 GiB, the limit stayed at half of what fits for good; 32 such readings say the
+    sizes are smaller now, and the named size goes."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    now_s = 0.0
+    for _ in range(20):
+        now_s += 0.1
+        memory.add(now_s, 4.5, 17 * GiB, TOTAL)
+    assert memory.told() and memory.cap() == 8
+    assert memory.learn_size(6 * GiB, 1.5, now_s)
+    assert memory.cap() == 4
+    for _ in range(32):
+        now_s += 0.1
+        memory.add(now_s, 4.5, 17 * GiB, TOTAL)
+    assert memory.cap() == 8
+
+
+def test_one_reading_of_parts_of_a_request_tells_nothing() -> None:
+    """Slots are weighed in parts of a request only where two readings in a row count parts: one can be
+    a snapshot taken as a request came or went."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    for i, in_flight in enumerate([2, 2, 1.453125, 2, 2]):
+        memory.add(0.1 * (i + 1), in_flight, 14 * GiB, TOTAL)
+    assert not memory.told()
+    memory.add(0.6, 2.5, 15 * GiB, TOTAL)
+    memory.add(0.7, 2.5, 15 * GiB, TOTAL)
+    assert memory.told()

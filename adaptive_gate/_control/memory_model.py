@@ -64,6 +64,10 @@ MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requ
 # Unless each reading's requests hold a whole number of one size, within this share of the largest share
 # read: requests of that size, some of them caught before they allocate (`_whole_size`).
 WHOLE_TOLERANCE = 0.02
+# Where told, the least share of a size an OOM named that one of `WINDOW_READINGS` busy readings must show a
+# unit holding for the size to hold (`_watch_named`). Readings that catch requests before they allocate show
+# less than the size at their most: under three quarters of it in some windows of `--family units`.
+NAMED_SHARE = 0.6
 Z_STEP = 0.25
 MIN_Z, MAX_Z = 1.0, 6.0
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
@@ -156,9 +160,12 @@ class MemoryModel:
         # Whether a reading counted parts of a request in flight: slots weigh what a `cost` or the route
         # weights say (`told`).
         self._units_told = False
+        self._parts_read = False  # whether the last reading counted parts of a request in flight
         # Where told by a `cost` alone: the bytes a unit held by the last OOM that named more than the model
-        # (`learn_size`), kept till the sizes change.
+        # (`learn_size`), kept till the sizes change or the readings stop showing it (`_watch_named`).
         self._named: float | None = None
+        # The most a unit held by the busy readings since the named size was last checked, and how many.
+        self._named_top, self._named_readings = 0.0, 0
         self._routes_weighed = False  # whether the gate ever weighed its routes (`units_changed`)
 
     @property
@@ -175,7 +182,11 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
-        self._units_told = self._units_told or in_flight != round(in_flight)
+        # Two readings in a row that count parts of a request: one could be a snapshot of the slots taken
+        # as a request came or went.
+        parts = in_flight != round(in_flight)
+        self._units_told = self._units_told or (parts and self._parts_read)
+        self._parts_read = parts
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
@@ -187,6 +198,7 @@ class MemoryModel:
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
             self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
+            self._watch_named(in_flight, float(used_bytes))
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
@@ -764,6 +776,21 @@ class MemoryModel:
             return True
         return False
 
+    def _watch_named(self, in_flight: float, used: float) -> None:
+        """A size an OOM named holds while the readings still show a unit near it: where none of
+        `WINDOW_READINGS` busy readings in a row showed a unit holding `NAMED_SHARE` of it, the sizes shrank
+        (or the request that named it was an outlier), and it goes. Read against the size without it, a
+        shrink was never read: the limit stayed at the old size for good (half of what fitted)."""
+        if self._named is None or in_flight <= 0 or self._baseline is None:
+            return
+        self._named_top = max(self._named_top, (used - self._baseline) / in_flight)
+        self._named_readings += 1
+        if self._named_readings < WINDOW_READINGS:
+            return
+        if self._named_top < NAMED_SHARE * self._named:
+            self._named = None
+        self._named_top, self._named_readings = 0.0, 0
+
     def _named_size(self, per_unit: float, per_request: float) -> bool:
         """Where told by a `cost`, an OOM that named more than `per_request` a unit: a unit holds at least
         that (True). The cost makes the named bytes a unit's, whatever the readings' spread: they catch
@@ -771,9 +798,9 @@ class MemoryModel:
         Not where routes are weighed: a weight is learnt, and a request of 6 GiB weighed one slot before it
         was named 6 GiB where a slot held 3.1: the limit halved for good (`mixed-routes`, 32 clients, 0.54
         of the reader where 0.98)."""
-        if per_unit <= (1 + WHOLE_TOLERANCE) * per_request:
-            return False
-        self._named = per_unit
+        if per_unit <= (1 + WHOLE_TOLERANCE) * per_request or self._old_sizes_may_run():
+            return False  # (a request from before the sizes shrank names the size from before)
+        self._named, self._named_top, self._named_readings = per_unit, 0.0, 0
         return True
 
     def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
