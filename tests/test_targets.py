@@ -163,6 +163,14 @@ def test_requests_of_one_size_that_allocate_a_work_late_keep_to_the_fit() -> Non
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
+def keeps_to_the_fit_once_told(scenario: Scenario) -> None:
+    """At twice the capacity, 0.95 of what the reader serves, and the OOMs that teach a unit's size: at
+    most one answer in a thousand."""
+    ours, reader = beside_the_reader(scenario, "2x")
+    assert ours.ooms <= 0.001 * ours.completed, ours.ooms
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
 def test_a_mix_told_through_a_cost_in_no_whole_units_is_one_size_a_unit_however_late_it_allocates() -> None:
     """An unseen draw: a mix told through `cost` in a unit of 1.33 small requests, so that no request
     weighs a whole number, about ten fit on a 16 GiB card, each allocating up to 0.05 s after its
@@ -171,9 +179,7 @@ def test_a_mix_told_through_a_cost_in_no_whole_units_is_one_size_a_unit_however_
     sized by nine in ten of its readings, which fall short, 15; by what an OOM named, a few."""
     scenario = of_family(2, "units")
     assert scenario.name == "mix-cost-2" and "a unit of cost 1.33 small requests" in scenario.description
-    ours, reader = beside_the_reader(scenario, "2x")
-    assert ours.ooms <= 0.001 * ours.completed, ours.ooms
-    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+    keeps_to_the_fit_once_told(scenario)
 
 
 def test_routes_told_a_cost_in_the_ratio_of_their_bytes_keep_to_the_fit_however_late_they_allocate() -> None:
@@ -182,9 +188,7 @@ def test_routes_told_a_cost_in_the_ratio_of_their_bytes_keep_to_the_fit_however_
     no request of the large route a whole number of units: read as a mix, 294 OOMs came in a minute."""
     scenario = of_family(11, "route-costs")
     assert scenario.name == "mix-routes-cost-11" and "told a cost 1.04 times" in scenario.description
-    ours, reader = beside_the_reader(scenario, "2x")
-    assert ours.ooms <= 0.001 * ours.completed, ours.ooms
-    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+    keeps_to_the_fit_once_told(scenario)
 
 
 def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
