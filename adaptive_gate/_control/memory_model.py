@@ -400,11 +400,10 @@ class MemoryModel:
         and the levels OOMs barred were another load. The estimates stay (the scale is kept), but for a
         size an OOM named: the readings' from before it comes back."""
         self._routes_weighed = True
+        self._sizes_changed()  # and more: the line's readings, the hollow ones, the size from before
         self._recent.clear()
-        self._shares.clear()
         self._hollow.clear()
-        self._since_shrink = self._since_sizes = 0
-        self._size_before = self._shrunk = self._quantile = self._late_size = self._not_whole = self._named = None
+        self._size_before = None
         self.ooms.forget()
         if self._size_read is not None:
             # A size an OOM named was one request's, of whichever route: a slot is the mean request now.

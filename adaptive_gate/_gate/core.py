@@ -535,20 +535,21 @@ class GateCore(CoreSnapshot):
         new_limit = self.controller.limit
         limiter = self.limiter
         operator = self.operator
+        least, most = self.bounds()  # in force: the operator's where set, else the configured ones
         if self.route_weights is not None and (self._weighed_before_in_flight > 0 or self._stale):
             # Requests weighed before the weights last changed hold the slots of then: where they are
             # worth more now, the limiter would let others into their difference; never below the
             # least limit in force (the configured one, or an operator's).
             excess = self._worth_now() + self._heavier_in_flight - limiter.in_flight
             if excess > 0.01 * max(1.0, limiter.in_flight):
-                new_limit = max(self.bounds()[0], math.floor(new_limit - excess + 0.01))
+                new_limit = max(least, math.floor(new_limit - excess + 0.01))
                 reason = reason or "reweighed"
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")
         # A bound is whole slots, configured or an operator's: no part of one past it
         budget: float | None = None
-        if new_limit < self.bounds()[1]:
+        if new_limit < most:
             budget = getattr(self.controller, "budget", None)  # optional in the protocol
         old_limit = limiter.limit
         if new_limit == old_limit:
