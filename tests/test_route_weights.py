@@ -149,6 +149,45 @@ def test_a_neighbour_arriving_inside_the_window_is_no_evidence() -> None:
     assert weights.fits > fitted and weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
 
 
+def caught_before_they_allocate(weights: RouteWeights, sizes: dict[str, float], *, others: bool) -> None:
+    """100 readings of up to six requests of each route in flight, each caught before it allocates one
+    time in five (it holds nothing yet): no line explains them. `others`: the others' bytes are known."""
+    rng = random.Random(3)
+    for i in range(100):
+        held = {route: rng.randint(0, 6) for route in sizes}
+        allocated = {route: sum(rng.random() < 0.8 for _ in range(n)) for route, n in held.items()}
+        used = BASELINE + sum(sizes[route] * n for route, n in allocated.items())
+        units = {route: n * weights.weight(route) for route, n in held.items()}
+        weights.observe(used, units, BASELINE if others else None, now_s=i * 0.1)
+
+
+def test_routes_told_nothing_whose_requests_allocate_late_are_weighed_once_from_the_readings_less_the_others() -> None:
+    """No line explains readings that catch requests before they allocate, and counted as one, a mix
+    of routes ran out of memory five times a second. The readings less the others' bytes tell each
+    route's bytes to a fifth: they weigh the routes, once (a fit of such readings is biased: it would
+    flip the weights back and forth), and only routes told nothing (a cost told is closer than that)."""
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
+    told_nothing, blind, costed = RouteWeights(), RouteWeights(), RouteWeights()
+    costed.costs_told = True
+    caught_before_they_allocate(told_nothing, sizes, others=True)
+    caught_before_they_allocate(blind, sizes, others=False)
+    caught_before_they_allocate(costed, sizes, others=True)
+    assert told_nothing.fits == 1
+    assert 3.2 < told_nothing.weight("/large") / told_nothing.weight("/small") < 5
+    assert blind.fits == costed.fits == 0 and blind.by_route == costed.by_route == {}
+
+
+def test_the_core_tells_its_route_weights_whether_a_cost_came() -> None:
+    core = core_with(AIMD(), [0.0])
+    weights = core.route_weights
+    assert weights is not None
+    for units, requests in ((1, 1.0), (1, None), (2, 2.0)):
+        assert not weights.costs_told
+        assert core.arrive(30.0, units=units, route="/a", now_s=0.0) is ADMITTED
+        core.release(core.admitted(0.0, 0.0, units, "/a", requests), 0.0, Outcome.COMPLETED)
+    assert weights.costs_told
+
+
 def test_routes_past_the_first_few_are_fitted_together_and_weigh_one() -> None:
     weights = RouteWeights()
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB} | {f"/r{i}": 3 * GiB for i in range(MAX_ROUTES)}

@@ -7,6 +7,12 @@ against each route's requests in flight tells each route's bytes per request (pe
 A route's weight is its bytes over the mean request's (the traffic's at the first fit; later fits
 keep that scale): the limit keeps counting typical requests, and a request takes as many of them
 as it holds memory. Arithmetic on observations: the simulator replays it exactly.
+
+Where requests allocate a while after their admission (an input decoded first), readings stray from
+any line by the requests caught before they allocate, and no fit explains them. Routes told nothing
+(no `cost`) then get their first weights from a fit of the readings less the others' bytes that
+tells each route's bytes to a fifth (`NOISY_SHARE`): counted as one, a mix of routes whose large
+requests hold three times the small ones' ran out of memory five times a second.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ MIN_SPAN_S = 1.5  # or half as many, where they span this long (readings further
 WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
+NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
 
 
 class _Reading(NamedTuple):
@@ -50,6 +57,7 @@ class RouteWeights:
         self._recent: deque[_Reading] = deque(maxlen=window)
         self.fits = 0
         self.changed_s = -math.inf  # when the weights last changed (the time the readings carried)
+        self.costs_told = False  # set by the core where a request came with a `cost` other than 1
 
     def weight(self, route: object) -> float:
         """What one unit of `route`'s cost weighs in slots: 1 until readings tell routes apart."""
@@ -176,6 +184,16 @@ class RouteWeights:
             design = [[0.0, *x[1:]] for x in design]
             used = [y - o for y, o in zip(used, others, strict=True)]
         solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns], intercept=intercept)
+        tolerance = RATIO_TOLERANCE
+        if solution is None and len(others) == len(rows) and not self.by_route and not self.costs_told:
+            # No line explains the readings; where the routes were told nothing and are weighed at 1, a
+            # fit of the readings less the others' bytes beats counting each request as one. Not to
+            # correct weights (the fit of readings that stray is biased: requests caught before they
+            # allocate are not in proportion to those in flight) nor a `cost`: a ratio told exactly,
+            # allocating late, moved to three fifths of it and cost tens of OOMs a minute.
+            ours = [y - o for (_, y), o in zip(rows, others, strict=True)]
+            solution, error = _noisy_fit([x[1:] for x in design], ours)
+            tolerance = max(tolerance, 2 * error)  # and then, a move within two of its errors is none
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
@@ -198,7 +216,7 @@ class RouteWeights:
         new = {c: min(high, max(low, mean_weight * per_request[c] / mean_bytes)) for c in columns}
         moves = [math.log(new[c] / self.weight(routes[c])) for c in columns]
         scale = sum(moves) / len(moves)
-        if max(abs(m - scale) for m in moves) <= RATIO_TOLERANCE:
+        if max(abs(m - scale) for m in moves) <= tolerance:
             return False  # the routes weigh as they did against each other: refined, not changed
         for c in columns:
             self.by_route[routes[c]] = new[c]
@@ -233,6 +251,26 @@ def _trimmed_fit(
     return None
 
 
+def _noisy_fit(design: list[list[float]], used: list[float]) -> tuple[list[float] | None, float]:
+    """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s) and the
+    largest standard error of a route's bytes, as a share of them, where every route's bytes are
+    positive and known to `NOISY_SHARE`; else None."""
+    n, p = len(design), len(design[0])
+    normal = _normal(design)
+    solution = _solve(normal, [_dot([row[i] for row in design], used) for i in range(p)])
+    if solution is None or min(solution) <= 0 or n <= p:
+        return None, math.inf
+    variance = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / (n - p)
+    errors = []
+    for i in range(p):
+        column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance
+        if column is None:
+            return None, math.inf
+        errors.append(math.sqrt(variance * column[i]) / solution[i])
+    error = max(errors)
+    return ([0.0, *solution], error) if error <= NOISY_SHARE else (None, error)
+
+
 def _varies(values: list[float]) -> bool:
     mean = sum(values) / len(values)
     return sum((v - mean) ** 2 for v in values) / len(values) >= 0.1
@@ -243,12 +281,20 @@ def _dot(a: list[float], b: list[float]) -> float:
 
 
 def _least_squares(design: list[list[float]], y: list[float]) -> list[float] | None:
-    """Solve the normal equations by Gaussian elimination with partial pivoting; None when the
-    columns are (nearly) dependent: two routes always in flight together cannot be told apart."""
-    n = len(design[0])
-    columns = [[row[i] for row in design] for i in range(n)]
-    a = [[_dot(columns[i], columns[j]) for j in range(n)] for i in range(n)]
-    b = [_dot(columns[i], y) for i in range(n)]
+    """Solve the normal equations; None when the columns are (nearly) dependent: two routes always
+    in flight together cannot be told apart."""
+    return _solve(_normal(design), [_dot([row[i] for row in design], y) for i in range(len(design[0]))])
+
+
+def _normal(design: list[list[float]]) -> list[list[float]]:
+    columns = [[row[i] for row in design] for i in range(len(design[0]))]
+    return [[_dot(a, b) for b in columns] for a in columns]
+
+
+def _solve(normal: list[list[float]], b: list[float]) -> list[float] | None:
+    """`normal` x = `b` by Gaussian elimination with partial pivoting (on copies); None where singular."""
+    n = len(b)
+    a, b = [row[:] for row in normal], b[:]
     scale = max(abs(a[i][i]) for i in range(n))
     for k in range(n):
         pivot = max(range(k, n), key=lambda i: abs(a[i][k]))
