@@ -304,8 +304,9 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # neighbours that wait for most of a full card (of 29 requests; of 9, read every tenth of a second),
 # which take what ours free before the refills can; and a neighbour that comes to a card of four large
 # requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third;
-# and a mix told through a cost in a unit that makes no request a whole number, each allocating late;
-# and a mix of routes told nothing, each allocating late.
+# and a mix told through a cost in a unit that makes no request a whole number, each allocating late,
+# or on routes told a whole cost under the ratio of their bytes; and a mix of routes told nothing,
+# each allocating late.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -324,6 +325,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 81037, "closed-32"),
     ("readings", 81005, "2x"),
     ("units", 2, "2x"),
+    ("whole-costs", 3, "closed-32"),
     ("late", 40, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where

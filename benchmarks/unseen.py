@@ -11,7 +11,8 @@ neighbour, inputs that grow beside one or shrink after it left). The family "lat
 first, where each request allocates up to a quarter to three times its work after its admission
 (its input decoded on the CPU first); the family "units" its mixes told through `cost`, in a unit of cost
 that makes no request's cost a whole number; the family "route-costs" its mixes of routes, each route told a
-cost in the ratio of their bytes give or take half (from two thirds to one and a half times it). It runs the
+cost in the ratio of their bytes give or take half (from two thirds to one and a half times it); the family
+"whole-costs" the same, the cost rounded to a whole number (as `3.0 if ... else 1.0` tells it). It runs the
 default gate and the reader side by side on virtual time (arrivals at twice the capacity and 32 clients in a closed
 loop, or the `--loads` given), and flags a run that misses a target: below 0.95 of the reader, more
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
@@ -47,12 +48,13 @@ FAMILIES = {
     "late": [*NEIGHBOURS, *MIXES],
     "units": ["mix-cost"],
     "route-costs": ["mix-routes-cost"],
+    "whole-costs": ["mix-routes-whole"],
 }
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
 FITS = {
     "neighbours": (2, 10), "mixes": (2, 10), "many": (12, 40), "readings": (2, 10), "compound": (3, 10),
-    "late": (2, 10), "units": (2, 10), "route-costs": (2, 10),
+    "late": (2, 10), "units": (2, 10), "route-costs": (2, 10), "whole-costs": (2, 10),
 }  # fmt: skip
 SAMPLE_PERIODS_S = [0.05, 0.1, 0.25, 0.5]  # the family "readings": the gate's `sample_period`
 WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
@@ -84,7 +86,7 @@ def of_family(seed: int, family: str) -> Scenario:
     scenario = draw(seed, FAMILIES[family], FITS[family], readings=family == "readings")
     if family == "units":
         scenario = in_other_units(seed, scenario)
-    return late(seed, scenario) if family in ("late", "units", "route-costs") else scenario
+    return late(seed, scenario) if family in ("late", "units", "route-costs", "whole-costs") else scenario
 
 
 def in_other_units(seed: int, scenario: Scenario) -> Scenario:
@@ -201,11 +203,14 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
             cost = lambda nbytes, small=small: nbytes / small  # noqa: E731
         else:
             route = lambda nbytes, small=small: "/infer/large" if nbytes > small else "/infer"  # noqa: E731
-        if kind == "mix-routes-cost":  # a cost per route, in the ratio of their bytes give or take half
+        if kind in ("mix-routes-cost", "mix-routes-whole"):  # a cost per route: the bytes' ratio, give or take half
             off = rng.uniform(2 / 3, 3 / 2)
             told = large / small * off
-            cost = lambda nbytes, small=small, told=told: told if nbytes > small else 1.0  # noqa: E731
             costs = f", the large route told a cost {off:.2f} times its bytes' ratio"
+            if kind == "mix-routes-whole":
+                told = max(1, round(told))
+                costs = f", the large route told a whole cost of {told:.0f} where it holds {large // small} small ones"
+            cost = lambda nbytes, small=small, told=told: told if nbytes > small else 1.0  # noqa: E731
     else:
         phases = [Phase(0.0, Size(size))]
     return Scenario(

@@ -177,15 +177,16 @@ def test_routes_told_nothing_whose_requests_allocate_late_are_weighed_once_from_
     assert blind.fits == costed.fits == 0 and blind.by_route == costed.by_route == {}
 
 
-def test_the_core_tells_its_route_weights_whether_a_cost_came() -> None:
-    core = core_with(AIMD(), [0.0])
+def test_the_core_tells_its_route_weights_and_its_controller_whether_a_cost_came() -> None:
+    controller = AIMD()
+    core = core_with(controller, [0.0])
     weights = core.route_weights
     assert weights is not None
     for units, requests in ((1, 1.0), (1, None), (2, 2.0)):
-        assert not weights.costs_told
+        assert not weights.costs_told and not controller.memory.told()
         assert core.arrive(30.0, units=units, route="/a", now_s=0.0) is ADMITTED
         core.release(core.admitted(0.0, 0.0, units, "/a", requests), 0.0, Outcome.COMPLETED)
-    assert weights.costs_told
+    assert weights.costs_told and controller.memory.told()
 
 
 def test_routes_past_the_first_few_are_fitted_together_and_weigh_one() -> None:

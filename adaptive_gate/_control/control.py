@@ -337,6 +337,10 @@ class AIMD(_Bounds):
         (`MemoryModel.units_changed`)."""
         self.memory.units_changed()
 
+    def costs_told(self) -> None:
+        """Optional in the protocol, once: a request came with a `cost` other than 1 (`MemoryModel.told`)."""
+        self.memory.costs_told()
+
     def describe(self) -> dict[str, Any]:
         est = self.memory.estimate()
         room = self.memory.room()

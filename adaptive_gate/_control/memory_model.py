@@ -157,10 +157,7 @@ class MemoryModel:
         self._served_since = False  # whether a request of ours finished since the last reading
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
-        # Whether a reading counted parts of a request in flight: slots weigh what a `cost` or the route
-        # weights say (`told`).
-        self._units_told = False
-        self._parts_read = False  # whether the last reading counted parts of a request in flight
+        self._costs_told = False  # whether a request came with a `cost` other than 1 (`costs_told`)
         # Where told by a `cost` alone: the bytes a unit held by the last OOM that named more than the model
         # (`learn_size`), kept till the sizes change or the readings stop showing it (`_watch_named`).
         self._named: float | None = None
@@ -182,11 +179,6 @@ class MemoryModel:
         live tensors (PyTorch's `allocated_bytes`)."""
         self._total_bytes = total_bytes
         self.samples += 1
-        # Two readings in a row that count parts of a request: one could be a snapshot of the slots taken
-        # as a request came or went.
-        parts = in_flight != round(in_flight)
-        self._units_told = self._units_told or (parts and self._parts_read)
-        self._parts_read = parts
         try:
             self._read_own(in_flight, own_bytes)
             rise_before = self._rise
@@ -709,14 +701,17 @@ class MemoryModel:
         if self.z > MIN_Z:
             self.z = max(MIN_Z, self.z - Z_STEP * MIX_OOM_SHARE / (1 - MIX_OOM_SHARE))
 
+    def costs_told(self) -> None:
+        """A request came with a `cost` other than 1: slots weigh what the gate was told (`told`)."""
+        self._costs_told = True
+
     def told(self) -> bool:
-        """Whether slots weigh what the gate was told, in parts of a request (a `cost` that is no whole
-        number, or route weights: a reading counted such parts in flight). Then a slot's bytes are one size
-        by what it was told: readings that spread are slots caught before they allocate, not a mix, and an
-        OOM names a unit's bytes. In a unit of cost that made no request a whole number, no reading held
-        whole slots (`_whole_size`), and late allocation read as a mix let hundreds of OOMs through in a
-        minute (`--family units`); whole costs are read whole, as requests are."""
-        return self._units_told
+        """Whether slots weigh what the gate was told (a `cost`, or route weights). Then a slot's bytes are
+        one size by what it was told: readings that spread are slots caught before they allocate, not a
+        mix, and an OOM names a unit's bytes. Read as a mix, requests that allocate late let hundreds of
+        OOMs through in a minute: told a cost in no whole units (`--family units`), or a whole cost per
+        route under the ratio of their bytes (3 where a large request holds 4 small ones' bytes)."""
+        return self._costs_told or self._routes_weighed
 
     def is_mix(self) -> bool:
         """Whether the requests' sizes vary (a spread of more than `MIX_SPREAD` of their mean, where the

@@ -253,7 +253,11 @@ class GateCore(CoreSnapshot):
                 requests = weights.requests(route, units)
             elif arrived_s <= weights.changed_s and self._took_other_slots(route, units, requests, heavier):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
-            weights.costs_told = weights.costs_told or requests != 1
+            if requests != 1 and not weights.costs_told:
+                weights.costs_told = True
+                costs_told = getattr(self.controller, "costs_told", None)  # optional in the protocol
+                if costs_told is not None:
+                    costs_told()
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
