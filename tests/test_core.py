@@ -154,11 +154,25 @@ def test_a_reading_is_learned_beside_the_requests_in_flight_when_it_was_taken() 
     assert core.limiter.limit == 5  # five fit beside 8 GiB
 
 
+def test_a_request_from_before_a_shrink_admitted_without_its_cost_is_told_no_cost() -> None:
+    """Code that drives the core itself may leave out `requests` (its cost): it is then its slots less what
+    it weighs as one from before a shrink (`heavier`). Its slots, 1.55, were taken for a cost, and the model
+    read every later request as weighed in units (`MemoryModel.told`); a cost of 2 is one."""
+    controller = AIMD()
+    core = GateCore(controller, min_limit=1, max_limit=16, initial_limit=8, max_queue=8, max_retry_after_s=60)
+    assert core.arrive(30.0, now_s=0.0, units=1.546875) is ADMITTED
+    core.release(core.admitted(0.0, 0.0, units=1.546875, heavier=0.546875), 0.0, Outcome.COMPLETED)
+    assert core.route_weights is not None and not core.route_weights.costs_told and not controller.memory.told()
+    assert core.arrive(30.0, now_s=0.0, units=2) is ADMITTED
+    core.release(core.admitted(0.0, 0.0, units=2), 0.0, Outcome.COMPLETED)
+    assert core.route_weights.costs_told and controller.memory.told()
+
+
 def test_a_reading_counts_what_requests_weigh_beyond_their_own_as_of_its_snapshot() -> None:
     """The probe's thread takes the slots in flight with the reading; the loop learns from it later.
     A request from before a shrink, weighed half a request more, handed its slots and started in
     between: subtracted as of the loop's moment, the reading counted 1.45 requests in flight where two
-    ran, parts of a request that tell the model the slots weigh what a `cost` says (`MemoryModel.told`)."""
+    ran, and the model read two requests' bytes as a request and a half's."""
     fed: list[float] = []
 
     class Recording(AIMD):

@@ -165,7 +165,7 @@ def test_routes_told_nothing_whose_requests_allocate_late_are_weighed_once_from_
     """No line explains readings that catch requests before they allocate, and counted as one, a mix
     of routes ran out of memory five times a second. The readings less the others' bytes tell each
     route's bytes to a fifth: they weigh the routes, once (a fit of such readings is biased: it would
-    flip the weights back and forth), and only routes told nothing (a cost told is closer than that)."""
+    flip the weights back and forth), and only where no request came with a cost (a cost told is closer)."""
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
     told_nothing, blind, costed = RouteWeights(), RouteWeights(), RouteWeights()
     costed.costs_told = True

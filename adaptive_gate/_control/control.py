@@ -32,8 +32,8 @@ MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is 
 @runtime_checkable
 class Controller(Protocol):
     """What the gate needs from a controller. `epoch` counts the cuts made so far. Optional, called
-    where present: `units_changed()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else `on_oom`),
-    `allocation_failed(nbytes, units)`, `after_oom(in_flight)`, `oldest_in_flight(arrived_s)`,
+    where present: `units_changed()`, `costs_told()`, `on_tick(now_s=)`, `on_swallowed_oom(...)` (else
+    `on_oom`), `allocation_failed(nbytes, units)`, `after_oom(in_flight)`, `oldest_in_flight(arrived_s)`,
     `heavier_before()` and the property `budget` (see `AIMD`'s, which has them all)."""
 
     @property

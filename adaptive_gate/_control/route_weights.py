@@ -9,10 +9,11 @@ keep that scale): the limit keeps counting typical requests, and a request takes
 as it holds memory. Arithmetic on observations: the simulator replays it exactly.
 
 Where requests allocate a while after their admission (an input decoded first), readings stray from
-any line by the requests caught before they allocate, and no fit explains them. Routes told nothing
-(no `cost`) then get their first weights from a fit of the readings less the others' bytes that
-tells each route's bytes to a fifth (`NOISY_SHARE`): counted as one, a mix of routes whose large
-requests hold three times the small ones' ran out of memory five times a second.
+any line by the requests caught before they allocate, and no fit explains them. Where no request
+came with a `cost`, the routes then get their first weights from a fit of the readings less the
+others' bytes that tells each route's bytes to a fifth (`NOISY_SHARE`; the readings share requests
+in flight, so the bar is looser than it says): counted as one, a mix of routes whose large requests
+hold three times the small ones' ran out of memory five times a second.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class RouteWeights:
         self._recent: deque[_Reading] = deque(maxlen=window)
         self.fits = 0
         self.changed_s = -math.inf  # when the weights last changed (the time the readings carried)
-        self.costs_told = False  # set by the core where a request came with a `cost` other than 1
+        self.costs_told = False  # set by the core once any request came with a `cost` other than 1
 
     def weight(self, route: object) -> float:
         """What one unit of `route`'s cost weighs in slots: 1 until readings tell routes apart."""
@@ -184,16 +185,14 @@ class RouteWeights:
             design = [[0.0, *x[1:]] for x in design]
             used = [y - o for y, o in zip(used, others, strict=True)]
         solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns], intercept=intercept)
-        tolerance = RATIO_TOLERANCE
         if solution is None and len(others) == len(rows) and not self.by_route and not self.costs_told:
-            # No line explains the readings; where the routes were told nothing and are weighed at 1, a
-            # fit of the readings less the others' bytes beats counting each request as one. Not to
+            # No line explains the readings; where no request came with a cost and no route is weighed
+            # yet, a fit of the readings less the others' bytes beats counting each request as one. Not to
             # correct weights (the fit of readings that stray is biased: requests caught before they
             # allocate are not in proportion to those in flight) nor a `cost`: a ratio told exactly,
             # allocating late, moved to three fifths of it and cost tens of OOMs a minute.
             ours = [y - o for (_, y), o in zip(rows, others, strict=True)]
-            solution, error = _noisy_fit([x[1:] for x in design], ours)
-            tolerance = max(tolerance, 2 * error)  # and then, a move within two of its errors is none
+            solution = _noisy_fit([x[1:] for x in design], ours)
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
@@ -216,7 +215,7 @@ class RouteWeights:
         new = {c: min(high, max(low, mean_weight * per_request[c] / mean_bytes)) for c in columns}
         moves = [math.log(new[c] / self.weight(routes[c])) for c in columns]
         scale = sum(moves) / len(moves)
-        if max(abs(m - scale) for m in moves) <= tolerance:
+        if max(abs(m - scale) for m in moves) <= RATIO_TOLERANCE:
             return False  # the routes weigh as they did against each other: refined, not changed
         for c in columns:
             self.by_route[routes[c]] = new[c]
@@ -251,24 +250,22 @@ def _trimmed_fit(
     return None
 
 
-def _noisy_fit(design: list[list[float]], used: list[float]) -> tuple[list[float] | None, float]:
-    """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s) and the
-    largest standard error of a route's bytes, as a share of them, where every route's bytes are
-    positive and known to `NOISY_SHARE`; else None."""
+def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | None:
+    """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s), where every
+    route's bytes are positive and known to `NOISY_SHARE` (their standard error, as a share of them)."""
     n, p = len(design), len(design[0])
     normal = _normal(design)
     solution = _solve(normal, [_dot([row[i] for row in design], used) for i in range(p)])
     if solution is None or min(solution) <= 0 or n <= p:
-        return None, math.inf
+        return None
     variance = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / (n - p)
     errors = []
     for i in range(p):
         column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance
         if column is None:
-            return None, math.inf
+            return None
         errors.append(math.sqrt(variance * column[i]) / solution[i])
-    error = max(errors)
-    return ([0.0, *solution], error) if error <= NOISY_SHARE else (None, error)
+    return [0.0, *solution] if max(errors) <= NOISY_SHARE else None
 
 
 def _varies(values: list[float]) -> bool:

@@ -249,11 +249,13 @@ class GateCore(CoreSnapshot):
         if weights is None:
             requests = units
         else:  # only a controller that learns memory weighs routes, from these
+            # Its cost: what it weighs before its route's weight, less what it weighs as one from before a shrink.
+            cost = requests if requests is not None else weights.requests(route, units - heavier)
             if requests is None:
                 requests = weights.requests(route, units)
             elif arrived_s <= weights.changed_s and self._took_other_slots(route, units, requests, heavier):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
-            if requests != 1 and not weights.costs_told:
+            if cost != 1 and not weights.costs_told:
                 weights.costs_told = True
                 costs_told = getattr(self.controller, "costs_told", None)  # optional in the protocol
                 if costs_told is not None:
