@@ -1594,6 +1594,22 @@ def test_a_neighbour_read_leaving_by_the_own_count_beside_requests_read_whole_is
     assert estimate.baseline_bytes == pytest.approx(8 * GiB) and memory.cap() == 5
 
 
+def test_a_neighbour_read_shrinking_by_the_own_count_beside_requests_not_allocated_keeps_what_it_holds() -> None:
+    """A neighbour's 6 GiB beside 8 GiB of weights, four 3 GiB requests in flight. The neighbour shrinks
+    to 2 GiB, read at two readings that each catch one of ours not allocated: the own count reads the
+    others at 10 GiB at both. They hold that, not what the card held idle before the neighbour came (8
+    GiB): in a draw of `--family late`, a crash that then left our requests holding nothing read the
+    neighbour's 2 GiB as theirs, and let in 43 where 7 fit."""
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, TOTAL, own_bytes=6 * GiB)
+    memory.add(0.05, 0, 14 * GiB, TOTAL, own_bytes=6 * GiB)  # the neighbour came
+    held_gib = [3 * (4 - short) for short in [0, 0, 0, 0, 1, 0, 0, 0, 0, 0] * 3]
+    estimate = read_beside_own_count(memory, 4, held_gib, 6)
+    assert estimate.baseline_bytes == pytest.approx(14 * GiB)
+    estimate = read_beside_own_count(memory, 4, [9, 9], 2, start=30)
+    assert estimate.baseline_bytes == pytest.approx(10 * GiB)
+
+
 def test_a_neighbour_read_leaving_by_the_own_count_beside_a_mix_is_believed_gone() -> None:
     """A neighbour's 2 GiB beside 8 GiB of weights, four requests of 2 or 4 GiB in flight: their sum
     swings by 6 GiB, a mix. The neighbour leaves: the own count reads the others 2 GiB lower at two

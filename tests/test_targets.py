@@ -212,6 +212,17 @@ def test_routes_told_a_whole_cost_under_the_ratio_of_their_bytes_keep_to_the_fit
     keeps_to_the_fit_once_told(scenario, "closed-32")
 
 
+def test_a_neighbour_that_shrinks_beside_requests_not_allocated_is_read_by_the_own_count() -> None:
+    """An unseen draw: seven 1.7 GiB requests fit on a 24 GiB card beside 11.2 GiB of weights, each allocating
+    up to 0.1 s after its admission, 32 clients; a neighbour takes 5.1 GiB, then keeps 2.9 of it, then leaves,
+    and an OOM takes the worker down for a second. Its shrink was read beside a request not allocated yet and
+    taken for a fall to what the card held idle; the crash after it left ours holding nothing, and the
+    neighbour's 2.9 GiB read as theirs let 43 in at once: 16 OOMs and 0.64 of the reader."""
+    scenario = of_family(7015, "late")
+    assert scenario.name == "neighbour2-7015" and "about 7 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
     """An unseen draw: eight requests of 2.6 GiB fit on a 40 GiB card beside 18.3 GiB, each allocating up
     to 12.5 ms after its admission; a greedy neighbour takes 14.6 GiB for the middle third, 32 clients.

@@ -474,13 +474,16 @@ class MemoryModel:
         """The least the others may hold after a fall to `relieved`, `reads` their bytes by the own count
         over it. Where it read them at both (its rest not risen: a request's tensors not freed yet) nearer
         where they were believed than `relieved`, the least it read: our requests hold less, not the
-        others. Where it read them fall, the most it read, if below what the card held idle (a neighbour
-        there then has left); else what the card held idle."""
+        others. Where it read them fall, the most it read if below what the card held idle (a neighbour
+        there then has left); the least, if above (a neighbour that came since kept that much: taken to
+        fall to what the card held idle, beside a request of ours not allocated yet, its rest was read as
+        our requests', and a crash that then left them holding nothing let in 43 where 7 fit); else what
+        the card held idle."""
         idle, baseline = self._idle_floor or 0.0, self._baseline
         if self._own_rest_rose or baseline is None or len(reads) < RELIEF_READINGS:
             return idle
         least = min(reads)
-        return max(idle, least) if least > (baseline + relieved) / 2 else min(idle, max(reads))
+        return max(idle, least) if least > (baseline + relieved) / 2 else min(max(reads), max(idle, least))
 
     def _whole_of_a_known_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
