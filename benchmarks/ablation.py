@@ -207,6 +207,17 @@ class _NoNamedSize(MemoryModel):
         return False
 
 
+class _NoNamedWhole(MemoryModel):
+    def _named_whole(self, size: float) -> bool:
+        return False
+
+
+def no_named_whole() -> AIMD:
+    """An OOM's named bytes do not end a mix whose latest readings hold whole numbers of them: readings across
+    a change of sizes stay a mix, sized by their mean."""
+    return AIMD(memory=_NoNamedWhole())
+
+
 def no_named_size() -> AIMD:
     """Where the slots weigh what the gate was told, an OOM's named bytes teach a unit's size only as they
     would where it was told nothing (inputs that grew, a shrink misread)."""
@@ -291,6 +302,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "shrink never misread": shrink_never_misread,
     "weights a mix": weights_a_mix,
     "no named size": no_named_size,
+    "no named whole size": no_named_whole,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
@@ -306,7 +318,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third;
 # and a mix told through a cost in a unit that makes no request a whole number, each allocating late,
 # or on routes told a whole cost under the ratio of their bytes; and a mix of routes told nothing,
-# each allocating late.
+# each allocating late; and inputs that shrink, allocating up to twice their work late.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -327,6 +339,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("units", 2, "2x"),
     ("whole-costs", 3, "closed-32"),
     ("late", 40, "2x"),
+    ("late", 17, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -1831,6 +1831,55 @@ def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
     assert memory.cap() == 5
 
 
+def test_an_oom_that_names_the_size_the_readings_hold_whole_numbers_of_since_a_shrink_ends_the_mix() -> None:
+    """Five 6 GiB requests fit beside 10 GiB; read whole, some caught before they allocate. The inputs shrink
+    to 4 GiB: the readings across the change (old and new in flight) make a mix, and the readings after it,
+    of seven requests catching one to three not allocated yet, hold its mean at 3.65 GiB, five where seven
+    fit. An OOM asks for 4 GiB, and each of the last twelve readings held a whole number of it: they are
+    requests of that size."""
+    total = 40 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, 10 * GiB, total)
+    now_s = 0.0
+    for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 2:
+        now_s += 0.1
+        memory.add(now_s, 5, (10 + 6 * (5 - short)) * GiB, total)
+    assert memory.cap() == 5 and not memory.is_mix()
+    for old, new in [(3, 2), (2, 3), (1, 4), (1, 5)]:
+        now_s += 0.1
+        memory.add(now_s, old + new, (10 + 6 * old + 4 * (new - 1)) * GiB, total)
+    for short in [1, 2, 0, 3, 1, 2, 1, 0, 2, 1, 3, 1]:
+        now_s += 0.1
+        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, total)
+    assert memory.is_mix() and memory.cap() == 5
+    assert memory.learn_size(4 * GiB, 1, now_s)
+    assert not memory.is_mix() and memory.cap() == 7
+    now_s += 0.1
+    memory.add(now_s, 7, (10 + 4 * 6) * GiB, total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(4 * GiB) and memory.cap() == 7
+
+
+def test_a_mix_all_along_is_not_taken_for_the_size_an_oom_names() -> None:
+    """Requests of 2 and 6 GiB on two routes told nothing, a mix from the first readings. Then twelve readings
+    catch the large ones before they allocate: each holds a whole number of 2 GiB, no more than 2 GiB a
+    request. An OOM of a small one asks for 2 GiB; taken for the size of them all, the large ones ran out by
+    the dozen (`--family late`, seed 52). A mix before those readings began stays one."""
+    total = 40 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, 10 * GiB, total)
+    now_s = 0.0
+    for large, small in [(1, 3), (2, 1), (0, 5), (3, 1), (1, 2), (2, 3)] * 4:
+        now_s += 0.1
+        memory.add(now_s, large + small, (10 + 6 * large + 2 * small) * GiB, total)
+    for held_gib in [8, 10, 6, 10, 4, 8, 10, 8, 6, 10, 8, 10]:
+        now_s += 0.1
+        memory.add(now_s, 5, (10 + held_gib) * GiB, total)
+    assert memory.is_mix()
+    assert not memory.learn_size(2 * GiB, 1, now_s)
+    assert memory.is_mix()
+
+
 def test_whole_requests_whose_readings_spread_are_a_mix() -> None:
     """A request weighs one slot, however its readings spread: not told (`costs_told`), a spread is a mix."""
     memory = MemoryModel()

@@ -223,6 +223,17 @@ def test_a_neighbour_that_shrinks_beside_requests_not_allocated_is_read_by_the_o
     meets_the_targets_beside_the_reader(scenario, "closed-32")
 
 
+def test_inputs_that_shrink_are_read_whole_again_however_late_they_allocate() -> None:
+    """An unseen draw: four 16.6 GiB requests fit on an 80 GiB card beside 21.3 GiB of weights, each allocating
+    up to twice its work after its admission, 32 clients; half-way, inputs shrink to 12.4 GiB. The readings
+    across the change made a mix, whose mean was the readings' own (short of the size): 5 OOMs, each taking the
+    worker down for a second, and 0.91 of the reader. The first OOM names the size the readings hold whole
+    numbers of since."""
+    scenario = of_family(17, "late")
+    assert scenario.name == "shrink-17" and "about 4 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
     """An unseen draw: eight requests of 2.6 GiB fit on a 40 GiB card beside 18.3 GiB, each allocating up
     to 12.5 ms after its admission; a greedy neighbour takes 14.6 GiB for the middle third, 32 clients.

@@ -751,6 +751,8 @@ class MemoryModel:
             return False  # no slot that size would fit, yet the request alone would: its weight is wrong, not the size
         if self.told() and not self._routes_weighed and self._named_size(per_unit, est.per_request_bytes):
             return True
+        if self.is_mix() and self._named_whole(per_unit):
+            return True
         # Settled since the sizes last changed, not the card (growth is first read as the others'
         # rise); or soon after a shrink, a size past the one from before by more than a mix's spread.
         before = self._size_before
@@ -772,6 +774,30 @@ class MemoryModel:
                 self._late_size = per_unit  # readings of it catch some not allocated yet (`_relieve`)
             return True
         return False
+
+    def _named_whole(self, size: float) -> bool:
+        """Whether the readings read as a mix end in `SETTLED_READINGS` or more in a row that each hold a
+        whole number of `size`, an allocation an OOM named (no more than one each of those in flight, and
+        some fewer), where the requests were one size ten readings before those began: requests of the one
+        size `size`, caught before they allocate, after the sizes changed (the readings across the change
+        made a mix, and its mean was the readings' own, short of the size: inputs that shrank while requests
+        allocated up to twice their work late were held at 0.85 of what fitted, with an OOM a second). Then
+        it is their size. Not a mix all along: its sizes may be whole numbers of one another."""
+        run: list[tuple[float, float]] = []
+        for share, n in reversed(self._shares):
+            whole = n == round(n) and _off_whole(share * n, size) <= WHOLE_TOLERANCE * size
+            if not whole or share > (1 + WHOLE_TOLERANCE) * size:
+                break
+            run.append((share, n))
+        if len(run) < SETTLED_READINGS or not any(round(share * n / size) < n for share, n in run):
+            return False
+        if self._one_size_at is None or self.samples - self._one_size_at > len(run) + SETTLED_READINGS:
+            return False
+        self._sizes_changed()
+        self._shares.extend(reversed(run))
+        self._per_request, self._size_read, self._spread_sq = size, None, 0.0
+        self._late_size = size  # readings of it catch some not allocated yet (`_relieve`)
+        return True
 
     def _watch_named(self, in_flight: float, used: float) -> None:
         """A size an OOM named holds while the readings still show a unit near it: where none of
