@@ -777,8 +777,8 @@ class MemoryModel:
 
     def _named_whole(self, size: float) -> bool:
         """Whether the readings read as a mix end in `SETTLED_READINGS` or more in a row that each hold a
-        whole number of `size`, an allocation an OOM named (no more than one each of those in flight, and
-        some fewer), where the requests were one size ten readings before those began: requests of the one
+        whole number of `size`, an allocation an OOM named (none more than `size` a request in flight, some
+        less), where the requests were one size ten readings before those began: requests of the one
         size `size`, caught before they allocate, after the sizes changed (the readings across the change
         made a mix, and its mean was the readings' own, short of the size: inputs that shrank while requests
         allocated up to twice their work late were held at 0.85 of what fitted, with an OOM a second). Then
