@@ -1037,6 +1037,8 @@ events = st.lists(
             st.booleans(),
         ),
         st.tuples(st.just("oom"), st.integers(-2, 0), st.integers(1, 70), st.just(False)),
+        # An OOM that names its allocation (a share of the card), after a cost was told or not.
+        st.tuples(st.just("named oom"), st.floats(0.0, 1.0), st.integers(1, 70), st.booleans()),
         st.tuples(st.just("sample"), st.floats(0.0, 1.0), st.integers(0, 70), st.just(False)),
         st.tuples(st.just("wait"), st.floats(0.0, 100.0), st.just(0), st.just(False)),
     ),
@@ -1062,6 +1064,12 @@ def replay(c: AIMD, steps: list[tuple[str, float, float, bool]], check: object =
                 assert c.limit <= max(c.min_limit, int(b) - 1), "a fresh OOM bars its level"
             if fresh and not reads_memory:
                 assert c.limit < before or before == c.min_limit, "without readings, a fresh OOM cuts"
+        elif kind == "named oom":
+            if flag:
+                c.costs_told()
+            if not c.allocation_failed(a * TOTAL, 1):
+                c.on_oom(now_s=now_s, epoch=c.epoch, in_flight=int(b))
+                assert c.limit <= before, "an OOM never raises the limit"
         elif kind == "sample":
             c.on_sample(now_s=now_s, sample=MemorySample(int(a * TOTAL), TOTAL), in_flight=int(b))
             # Twofold a reading, or per tenth of a second where readings are further apart (8 at most).
