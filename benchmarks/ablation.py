@@ -218,6 +218,18 @@ def no_named_whole() -> AIMD:
     return AIMD(memory=_NoNamedWhole())
 
 
+class _HeldByTheModel(MemoryModel):
+    def _held(self, used: float, own_others: float | None) -> float:
+        assert self._baseline is not None
+        return used - self._baseline
+
+
+def held_by_the_model() -> AIMD:
+    """A busy reading's share is the card less the others' bytes the model holds, even where the own count,
+    believed, reads them otherwise."""
+    return AIMD(memory=_HeldByTheModel())
+
+
 def no_named_size() -> AIMD:
     """Where the slots weigh what the gate was told, an OOM's named bytes teach a unit's size only as they
     would where it was told nothing (inputs that grew, a shrink misread)."""
@@ -303,6 +315,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "weights a mix": weights_a_mix,
     "no named size": no_named_size,
     "no named whole size": no_named_whole,
+    "shares by the model's others": held_by_the_model,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
@@ -318,7 +331,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # requests, where one that failed to allocate beside two that hold theirs reads as a shrink by a third;
 # and a mix told through a cost in a unit that makes no request a whole number, each allocating late,
 # or on routes told a whole cost under the ratio of their bytes; and a mix of routes told nothing,
-# each allocating late; and inputs that shrink, allocating up to twice their work late.
+# each allocating late; and inputs that shrink, allocating up to twice their work late; and a neighbour
+# that gives back less than a quarter of a request beside requests allocating three times their work late.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -340,6 +354,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("whole-costs", 3, "closed-32"),
     ("late", 40, "2x"),
     ("late", 17, "closed-32"),
+    ("late", 13, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -234,6 +234,16 @@ def test_inputs_that_shrink_are_read_whole_again_however_late_they_allocate() ->
     meets_the_targets_beside_the_reader(scenario, "closed-32")
 
 
+def test_a_neighbour_that_gives_back_less_than_a_quarter_of_a_request_is_read_by_the_own_count() -> None:
+    """An unseen draw: three 6.5 GiB requests fit on a 40 GiB card beside 8.7 GiB of weights and a neighbour's
+    9.2 GiB, each allocating up to three times its work after its admission, 32 clients. The neighbour gives back
+    0.54 GiB: within the readings' swing, read as our requests holding less, that one reading kept the window
+    from reading them whole; a mix of their mean let four in where three fit, 5 OOMs where the reader has none."""
+    scenario = of_family(13, "late")
+    assert scenario.name == "neighbour2-13" and "about 4 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def test_a_greedy_neighbour_that_leaves_gives_back_whole_requests_of_room_however_late_they_allocate() -> None:
     """An unseen draw: eight requests of 2.6 GiB fit on a 40 GiB card beside 18.3 GiB, each allocating up
     to 12.5 ms after its admission; a greedy neighbour takes 14.6 GiB for the middle third, 32 clients.
