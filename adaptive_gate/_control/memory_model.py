@@ -759,7 +759,7 @@ class MemoryModel:
             return False
         if per_unit > est.total_bytes - est.baseline_bytes:
             return False  # no slot that size would fit, yet the request alone would: its weight is wrong, not the size
-        if self.told() and not self._routes_weighed and self._named_size(per_unit, est.per_request_bytes):
+        if self._costs_told and not self._routes_weighed and self._named_size(per_unit, est.per_request_bytes):
             return True
         if self.is_mix() and self._named_whole(per_unit):
             return True

@@ -254,11 +254,11 @@ def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | No
     """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s), where every
     route's bytes are positive and known to `NOISY_SHARE` (their standard error, as a share of them)."""
     n, p = len(design), len(design[0])
-    normal = _normal(design)
-    solution = _solve(normal, [_dot([row[i] for row in design], used) for i in range(p)])
+    solution = _least_squares(design, used)
     if solution is None or min(solution) <= 0 or n <= p:
         return None
     variance = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / (n - p)
+    normal = _normal(design)
     errors = []
     for i in range(p):
         column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance

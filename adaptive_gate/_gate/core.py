@@ -249,17 +249,16 @@ class GateCore(CoreSnapshot):
         if weights is None:
             requests = units
         else:  # only a controller that learns memory weighs routes, from these
-            # Its cost: what it weighs before its route's weight, less what it weighs as one from before a shrink.
-            cost = requests if requests is not None else weights.requests(route, units - heavier)
+            # Until one came: its cost, what it weighs before its route's weight (and as one from before a shrink).
+            if (
+                not weights.costs_told
+                and (requests if requests is not None else weights.requests(route, units - heavier)) != 1
+            ):
+                self._costs_told(weights)
             if requests is None:
                 requests = weights.requests(route, units)
             elif arrived_s <= weights.changed_s and self._took_other_slots(route, units, requests, heavier):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
-            if cost != 1 and not weights.costs_told:
-                weights.costs_told = True
-                costs_told = getattr(self.controller, "costs_told", None)  # optional in the protocol
-                if costs_told is not None:
-                    costs_told()
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
@@ -413,6 +412,14 @@ class GateCore(CoreSnapshot):
     def probe_found(self, description: str, device: str, *, simulated: bool) -> None:
         self.probe.description, self.probe.device, self.probe.simulated = description, device, simulated
 
+    def _costs_told(self, weights: RouteWeights) -> None:
+        """The first request with a `cost` other than 1 came: the route weights and the controller
+        (`costs_told`, optional in the protocol) hear it, once."""
+        weights.costs_told = True
+        costs_told = getattr(self.controller, "costs_told", None)
+        if costs_told is not None:
+            costs_told()
+
     def in_flight_now(self) -> InFlight:
         """The requests in flight, in slots and by route. Safe to call from the probe's thread while
         the loop runs: attribute reads and a copy of a plain dict, none of which yields the GIL. What they
@@ -427,9 +434,7 @@ class GateCore(CoreSnapshot):
         probe = self.probe
         probe.last_sample, probe.last_error, probe.consecutive_errors = sample, None, 0
         if then is None:
-            then = InFlight(
-                self.limiter.in_flight, self.requests_by_route, self.counters.admitted, self._heavier_in_flight
-            )
+            then = self.in_flight_now()
         if self.route_weights is not None and self.route_weights.reading(
             sample.used_bytes, then.by_route, self._others_bytes(), now_s, then.admitted
         ):
