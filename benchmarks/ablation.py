@@ -218,6 +218,17 @@ def no_named_whole() -> AIMD:
     return AIMD(memory=_NoNamedWhole())
 
 
+class _GrowthBySpreads(MemoryModel):
+    def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
+        return False
+
+
+def growth_by_spreads() -> AIMD:
+    """An OOM's named bytes are a growth of the sizes only beyond three spreads of the mean (or a mix's
+    spread): the spread that the readings of a growth itself made hides it."""
+    return AIMD(memory=_GrowthBySpreads())
+
+
 class _HeldByTheModel(MemoryModel):
     def _held(self, used: float, own_others: float | None) -> float:
         assert self._baseline is not None
@@ -316,6 +327,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no named size": no_named_size,
     "no named whole size": no_named_whole,
     "shares by the model's others": held_by_the_model,
+    "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
@@ -355,6 +367,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 40, "2x"),
     ("late", 17, "closed-32"),
     ("late", 13, "closed-32"),
+    ("many", 31003, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -926,6 +926,42 @@ def test_slots_caught_between_admission_and_allocation_are_no_shrink_but_a_shrin
     assert c.describe()["memory_model"]["per_request_bytes"] < 3 * GiB and c.limit > 5
 
 
+def test_inputs_that_grow_a_fifth_are_learnt_from_the_oom_whatever_spread_their_first_readings_made() -> None:
+    """Twelve requests of 1 GiB for a while, read by the process's own count; then they grow to 1.2 GiB,
+    and two readings catch some of each size: the own count says ours hold more than the model, and
+    their spread (all requests moved together) passes for three times the growth. The OOM that follows
+    names 1.2 GiB, more than any reading showed a request holding: the inputs grew. Taken for a level
+    that did not fit, the size stayed at 1 GiB; on a card that holds 37, each idle spell after an
+    OOM's crash brought the limit back to the old fit, and the next requests ran out again."""
+    c = AIMD()
+    bound(c, initial=1)
+
+    def read(now_s: float, used_gib: float, in_flight: int) -> None:
+        used = int(used_gib * GiB)
+        c.on_sample(now_s=now_s, sample=MemorySample(used, TOTAL, allocated_bytes=used), in_flight=in_flight)
+
+    read(0.0, 8, 0)
+    now_s = 0.0
+    for n in (1, 2, 4, 8) + (12,) * 20:
+        now_s += 0.1
+        read(now_s, 8 + n, n)
+    assert c.describe()["memory_model"]["per_request_bytes"] == GiB
+    for grown in (6, 10):  # of the twelve in flight, so many hold 1.2 GiB
+        now_s += 0.1
+        read(now_s, 8 + (12 - grown) + 1.2 * grown, 12)
+    assert not c.allocation_failed(1.2 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=12)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(1.2 * GiB)
+    for _ in range(20):  # the crash: nothing in flight, and the size stays what the OOM named
+        now_s += 0.1
+        read(now_s, 8, 0)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(1.2 * GiB)
+    for n in (1, 2, 4, 8) + (11,) * 20:
+        now_s += 0.1
+        read(now_s, 8 + 1.2 * n, n)
+    assert c.memory.cap() == 13  # floor(16 / 1.2), not the 16 of before
+
+
 def test_a_large_request_left_from_before_the_sizes_shrank_bars_its_level_briefly() -> None:
     c = AIMD()
     bound(c, initial=1)

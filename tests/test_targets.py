@@ -223,6 +223,17 @@ def test_a_neighbour_that_shrinks_beside_requests_not_allocated_is_read_by_the_o
     meets_the_targets_beside_the_reader(scenario, "closed-32")
 
 
+def test_inputs_that_grow_a_fifth_on_a_card_that_holds_many_are_learnt_from_the_first_oom() -> None:
+    """An unseen draw: 37 requests of 1.07 GiB fit on a 48 GiB card beside 8 GiB of weights, 32 clients;
+    half-way, inputs grow to 1.3 GiB, and an OOM takes the worker down for a second. The readings of the
+    change spread as far as three times the growth, so the OOM's 1.3 GiB was taken for a level that did not
+    fit; each crash's idle readings then brought the old size back, and the next requests ran out: 4 OOMs
+    in four seconds and 0.92 of the reader."""
+    scenario = of_family(31003, "many")
+    assert scenario.name == "growth-31003" and "about 37 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def test_inputs_that_shrink_are_read_whole_again_however_late_they_allocate() -> None:
     """An unseen draw: four 16.6 GiB requests fit on an 80 GiB card beside 21.3 GiB of weights, each allocating
     up to twice its work after its admission, 32 clients; half-way, inputs shrink to 12.4 GiB. The readings

@@ -65,8 +65,8 @@ MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requ
 # read: requests of that size, some of them caught before they allocate (`_whole_size`).
 WHOLE_TOLERANCE = 0.02
 # Where told, the least share of a size an OOM named that one of `WINDOW_READINGS` busy readings must show a
-# unit holding for the size to hold (`_watch_named`). Readings that catch requests before they allocate show
-# less than the size at their most: under three quarters of it in some windows of `--family units`.
+# unit holding for the size to hold (`_watch_named`): readings that catch requests before they allocate show
+# less than the size at their most.
 NAMED_SHARE = 0.6
 Z_STEP = 0.25
 MIN_Z, MAX_Z = 1.0, 6.0
@@ -164,6 +164,7 @@ class MemoryModel:
         # The most a unit held by the busy readings since the named size was last checked, and how many.
         self._named_top, self._named_readings = 0.0, 0
         self._routes_weighed = False  # whether the gate ever weighed its routes (`units_changed`)
+        self._more_at: int | None = None  # the last reading whose own count read ours holding more than the model
 
     @property
     def learning(self) -> bool:
@@ -245,8 +246,7 @@ class MemoryModel:
     def _own_slack(self, in_flight: float) -> float:
         """How far the card less the own count may stray from the others' bytes and still agree. By
         the requests' spread, not where they are read whole: then the spread is of readings that caught
-        some not allocated yet, which the own count does not (a neighbour's 3 GiB, come while a crash left
-        ours holding nothing, was read as our requests holding less, and the size fell to a tenth)."""
+        some not allocated yet, which the own count does not."""
         assert self._per_request is not None
         spread_sq = 0.0 if self._settled_whole() is not None else self._spread_sq
         return HOLLOW_SHARE * self._per_request + NOISE_SPREADS * math.sqrt(spread_sq * in_flight)
@@ -303,8 +303,7 @@ class MemoryModel:
         assert self._per_request is not None and self._baseline is not None
         if self._baseline > used:
             # The others hold no more than is used: by the own count, where it is believed, exactly the
-            # card less ours (a neighbour's leaving, beside requests that had not all allocated, was read
-            # as our requests holding less); else back to what was last anchored, where that fits.
+            # card less ours (not our requests holding less); else what was last anchored, where that fits.
             self._rise = None
             if self._ours is not None and self._own_agrees:
                 self._baseline, self._anchored = used - self._ours, False
@@ -312,10 +311,8 @@ class MemoryModel:
                 self._baseline, self._anchored = self._anchor, True
             else:
                 self._baseline, self._anchored = used, False
-        # Requests read whole are of that size: by their mean, which counts the slots not allocated yet,
-        # every reading of them all allocated reads as the others' rise, and a fall (`_relieve` takes the
-        # most cautious of a pair of these) left the others above where they were: a neighbour's room
-        # never came back.
+        # Requests read whole are of that size, not their mean: the mean counts the slots not allocated
+        # yet, and every reading of them all allocated would read as the others' rise.
         moved_baseline = used - (self._settled_whole() or self._per_request) * in_flight
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
@@ -351,6 +348,7 @@ class MemoryModel:
             # The own count reads the others where they were: our requests hold more than the model
             # says. (Not while a request from before a shrink may run: that one holds more.)
             self._pending_relief.clear()
+            self._more_at = self.samples
             if self._anchored:
                 self._add_share((used - self._baseline) / in_flight, in_flight)
         elif rose:
@@ -364,8 +362,7 @@ class MemoryModel:
         elif own_others is not None and own_others < self._baseline - HOLLOW_SHARE * self._per_request:
             # The own count reads the others fall where the readings swing too far to tell (requests
             # caught before they allocate, a mix's): a neighbour left. Beyond a quarter of a request, not
-            # the count's slack: a fall is believed at two readings in a row, and a mix's spread in that
-            # slack held a neighbour's 2.6 GiB beside 3.6 GiB requests for a second, till an idle reading.
+            # the count's slack, which holds a mix's spread: a fall is believed at two readings in a row.
             self._relieve(own_others, used, in_flight, own_others)
         else:
             self._pending_relief.clear()
@@ -375,10 +372,8 @@ class MemoryModel:
     def _held(self, used: float, own_others: float | None) -> float:
         """What our requests hold at a busy reading within the model: the card less the others' bytes, by
         the own count where it is believed (`own_others`). By the others' bytes the model holds, a fall of
-        theirs within the readings' swing (under a quarter of a request: not believed) was read as our
-        requests holding less, and one such reading kept the window from reading them whole for 32
-        readings: a neighbour that gave back 0.54 GiB beside 6.5 GiB requests, allocating late, left them a
-        mix sized by its mean, one more let in than fitted, an OOM a second."""
+        theirs too small to be believed would read as our requests holding less, and one such reading
+        keeps the window from reading them whole."""
         assert self._baseline is not None
         return used - (self._baseline if own_others is None else own_others)
 
@@ -485,10 +480,8 @@ class MemoryModel:
         over it. Where it read them at both (its rest not risen: a request's tensors not freed yet) nearer
         where they were believed than `relieved`, the least it read: our requests hold less, not the
         others. Where it read them fall, the most it read if below what the card held idle (a neighbour
-        there then has left); the least, if above (a neighbour that came since kept that much: taken to
-        fall to what the card held idle, beside a request of ours not allocated yet, its rest was read as
-        our requests', and a crash that then left them holding nothing let in 43 where 7 fit); else what
-        the card held idle."""
+        there then has left); the least, if above (a neighbour that came since kept that much, which
+        would else be read as our requests'); else what the card held idle."""
         idle, baseline = self._idle_floor or 0.0, self._baseline
         if self._own_rest_rose or baseline is None or len(reads) < RELIEF_READINGS:
             return idle
@@ -721,9 +714,7 @@ class MemoryModel:
     def told(self) -> bool:
         """Whether slots weigh what the gate was told (a `cost`, or route weights). Then a slot's bytes are
         one size by what it was told: readings that spread are slots caught before they allocate, not a
-        mix, and an OOM names a unit's bytes. Read as a mix, requests that allocate late let hundreds of
-        OOMs through in a minute: told a cost in no whole units (`--family units`), or a whole cost per
-        route under the ratio of their bytes (3 where a large request holds 4 small ones' bytes)."""
+        mix (whose OOMs bar no level), and an OOM names a unit's bytes."""
         return self._costs_told or self._routes_weighed
 
     def is_mix(self) -> bool:
@@ -746,7 +737,8 @@ class MemoryModel:
         of one size and this is beyond it (three spreads above the mean), inputs grew: a request holds
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
         So too where they were of one size until the last readings and this is beyond a mix's spread of
-        the mean. In a mix, a large one failing says nothing new. Where the slots weigh what a `cost` says
+        the mean, or beyond what any reading showed where the own count read them holding more
+        (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the slots weigh what a `cost` says
         (`told`), a unit holds at least what this one asked for, till the sizes change (`_named_size`)."""
         per_unit = nbytes / max(units, 1e-9)
         whole = self._whole
@@ -772,7 +764,8 @@ class MemoryModel:
         # size beyond a mix's spread of the mean is the inputs that grew.
         lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
         beyond = 3 * est.spread_bytes if uniform else MIX_SPREAD * est.per_request_bytes
-        grew = settled and per_unit > est.per_request_bytes + beyond
+        past = self._past_the_readings(per_unit, est.per_request_bytes)
+        grew = settled and (per_unit > est.per_request_bytes + beyond or past)
         misread = self._shrink_misread(per_unit, est.per_request_bytes)
         if (uniform or lately) and (grew or misread):
             if self._size_read is None:
@@ -785,14 +778,22 @@ class MemoryModel:
             return True
         return False
 
+    def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
+        """Whether `per_unit`, an allocation an OOM named, is more than the model's size and than any reading
+        since the sizes last changed showed one request holding, where the own count read ours holding more
+        than the model at the last readings: inputs that grew. However far those readings spread: requests
+        that all grow stray together, not as many apart, and a growth of a fifth read as three spreads."""
+        more = self._more_at is not None and self.samples - self._more_at < RELIEF_READINGS
+        most = max((share for share, _ in self._shares), default=math.inf)
+        return more and per_unit > (1 + WHOLE_TOLERANCE) * max(most, per_request)
+
     def _named_whole(self, size: float) -> bool:
         """Whether the readings read as a mix end in `SETTLED_READINGS` or more in a row that each hold a
         whole number of `size`, an allocation an OOM named (none more than `size` a request in flight, some
         less), where the requests were one size ten readings before those began: requests of the one
         size `size`, caught before they allocate, after the sizes changed (the readings across the change
-        made a mix, and its mean was the readings' own, short of the size: inputs that shrank while requests
-        allocated up to twice their work late were held at 0.85 of what fitted, with an OOM a second). Then
-        it is their size. Not a mix all along: its sizes may be whole numbers of one another."""
+        made a mix, whose mean is short of the size). Then it is their size. Not a mix all along: its
+        sizes may be whole numbers of one another."""
         run: list[tuple[float, float]] = []
         for share, n in reversed(self._shares):
             whole = n == round(n) and _off_whole(share * n, size) <= WHOLE_TOLERANCE * size
@@ -812,8 +813,7 @@ class MemoryModel:
     def _watch_named(self, in_flight: float, used: float) -> None:
         """A size an OOM named holds while the readings still show a unit near it: where none of
         `WINDOW_READINGS` busy readings in a row showed a unit holding `NAMED_SHARE` of it, the sizes shrank
-        (or the request that named it was an outlier), and it goes. Read against the size without it, a
-        shrink was never read: the limit stayed at the old size for good (half of what fitted)."""
+        (or the request that named it was an outlier), and it goes: kept, it would hide any shrink."""
         if self._named is None or in_flight <= 0 or self._baseline is None:
             return
         self._named_top = max(self._named_top, (used - self._baseline) / in_flight)
@@ -827,10 +827,9 @@ class MemoryModel:
     def _named_size(self, per_unit: float, per_request: float) -> bool:
         """Where told by a `cost`, an OOM that named more than `per_request` a unit: a unit holds at least
         that (True). The cost makes the named bytes a unit's, whatever the readings' spread: they catch
-        requests before they allocate, and sized by nine in ten of them, a unit fell short again and again.
-        Not where routes are weighed: a weight is learnt, and a request of 6 GiB weighed one slot before it
-        was named 6 GiB where a slot held 3.1: the limit halved for good (`mixed-routes`, 32 clients, 0.54
-        of the reader where 0.98)."""
+        requests before they allocate, and sized by nine in ten of them, a unit falls short again and again.
+        Not where routes are weighed: a weight is learnt, and a request that weighed one slot before it
+        would name a whole request's bytes as a slot's."""
         if per_unit <= (1 + WHOLE_TOLERANCE) * per_request or self._old_sizes_may_run():
             return False  # (a request from before the sizes shrank names the size from before)
         self._named, self._named_top, self._named_readings = per_unit, 0.0, 0
