@@ -203,6 +203,18 @@ def test_routes_told_nothing_are_weighed_however_late_they_allocate() -> None:
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
+def test_a_route_whose_requests_fill_most_of_the_card_alone_is_weighed_while_it_runs_alone() -> None:
+    """An unseen draw: a mix of routes on a 48 GiB card beside 14.8 GiB of weights, one request in ten on a
+    route that holds 31.2 GiB (eight times the others'), which runs alone; 32 clients. In flight at about one
+    reading in twelve, its column never varied enough to be fitted: the routes were weighed after 19 s, 40
+    OOMs came meanwhile, and the gate served 0.85 of the reader. The family allows two in a hundred."""
+    scenario = of_family(41041, "mixes")
+    assert scenario.name == "mix-routes-41041" and "about 5 fit" in scenario.description
+    ours, reader = beside_the_reader(scenario, "closed-32")
+    assert ours.ooms <= 0.02 * ours.completed, ours.ooms
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
 def test_routes_told_a_whole_cost_under_the_ratio_of_their_bytes_keep_to_the_fit_however_late_they_allocate() -> None:
     """An unseen draw: a mix of routes on a 24 GiB card where about five fit, the large route told a cost of
     3 where it holds four small requests' bytes, each allocating up to 0.1 s after its admission, 32 clients.

@@ -33,6 +33,9 @@ WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean re
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
 NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
+# A column varies where its variance over the window is at least this: a route in flight alone at one reading in
+# nineteen (a large route among many small requests, whose requests each fill most of the card)
+MIN_VARIANCE = 0.05
 
 
 class _Reading(NamedTuple):
@@ -270,7 +273,7 @@ def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | No
 
 def _varies(values: list[float]) -> bool:
     mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / len(values) >= 0.1
+    return sum((v - mean) ** 2 for v in values) / len(values) >= MIN_VARIANCE
 
 
 def _dot(a: list[float], b: list[float]) -> float:
