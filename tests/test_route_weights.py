@@ -74,8 +74,8 @@ def test_readings_further_apart_are_fitted_after_fewer_of_them(period_s: float, 
 
 def test_a_route_in_flight_at_one_reading_in_twelve_is_weighed() -> None:
     """One request in ten is of a route that holds eight times the others' bytes and fills most of the card:
-    it runs alone, and is in flight at about one reading in twelve. Its column varies less than one in flight
-    at one reading in nine would (a variance of 0.1): it was never weighed, and a mix told nothing ran out of
+    it runs alone, and is in flight at about one reading in twelve. Its requests vary less than a route's in
+    flight at one reading in nine (a variance of 0.1): it was never weighed, and a mix told nothing ran out of
     memory forty times a minute with 32 clients, at 0.85 of the reader."""
     weights = RouteWeights()
     for i in range(48):
@@ -85,6 +85,20 @@ def test_a_route_in_flight_at_one_reading_in_twelve_is_weighed() -> None:
         weights.observe(used, row, now_s=i * 0.1)
     assert weights.fits > 0
     assert weights.weight("/large") / weights.weight("/small") == pytest.approx(8.0, rel=0.01)
+
+
+def test_a_route_that_varied_at_one_reading_alone_is_not_weighed_on_it() -> None:
+    """Sixteen readings of one large request of 7 GiB and a few small ones; at the last, a second large one
+    is in flight, caught as it begins to allocate (it will fail: two do not fit). A fit on that one reading
+    weighed the large route at a fraction of the small one, and let its requests in by the handful."""
+    weights = RouteWeights()
+    for i in range(MIN_READINGS + 1):  # the first registers the routes: a window of sixteen
+        last = i == MIN_READINGS
+        row = {"/small": float(i % 3), "/large": 2.0 if last else 1.0}
+        # the second large one holds half a GiB so far
+        used = BASELINE + row["/small"] * 1.75 * GiB + 7 * GiB + (GiB // 2 if last else 0)
+        weights.observe(used, row, now_s=i * 0.1)
+    assert weights.fits == 0 and weights.weight("/large") == 1.0
 
 
 def test_one_route_is_never_weighed() -> None:

@@ -215,6 +215,18 @@ def test_a_route_whose_requests_fill_most_of_the_card_alone_is_weighed_while_it_
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
 
+def test_a_route_seen_varying_at_one_reading_is_not_weighed_on_it() -> None:
+    """An unseen draw: a mix of routes on a 16 GiB card beside 4.6 GiB of weights, the large route's requests
+    (7 GiB) four times the small ones', about three fit; 32 clients. Weighed on the one reading that caught a
+    second large request before it failed to allocate, the large route weighed under a thirtieth of the small one:
+    52 OOMs, 0.79 of the reader."""
+    scenario = of_family(51014, "mixes")
+    assert scenario.name == "mix-routes-51014" and "about 3 fit" in scenario.description
+    ours, reader = beside_the_reader(scenario, "closed-32")
+    assert ours.ooms <= 0.02 * ours.completed, ours.ooms
+    assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
+
+
 def test_routes_told_a_whole_cost_under_the_ratio_of_their_bytes_keep_to_the_fit_however_late_they_allocate() -> None:
     """An unseen draw: a mix of routes on a 24 GiB card where about five fit, the large route told a cost of
     3 where it holds four small requests' bytes, each allocating up to 0.1 s after its admission, 32 clients.

@@ -19,7 +19,7 @@ hold three times the small ones' ran out of memory five times a second.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from typing import NamedTuple
 
 __all__ = ["MAX_ROUTES", "RouteWeights"]
@@ -33,9 +33,11 @@ WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean re
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
 NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
-# A column varies where its variance over the window is at least this: a route in flight alone at one reading in
-# nineteen (a large route among many small requests, whose requests each fill most of the card)
-MIN_VARIANCE = 0.05
+# A route's requests varied on their own where they did at this many readings of the window at least, however
+# seldom that is among the rest (a large route among many small requests, whose requests fill most of the card
+# and run alone). At one, the fit rests on it alone: a request caught before it failed to allocate weighed its
+# route at nothing.
+MIN_APART = 2
 
 
 class _Reading(NamedTuple):
@@ -175,7 +177,7 @@ class RouteWeights:
         rows = [(reading.row, reading.used_bytes) for reading in self._recent]
         # Whether a route's requests varied, counted in requests, not slots (a light route's slots barely vary).
         weight_of = {c: self.weight(route) for route, c in self._columns.items()}
-        columns = [c for c in range(OTHERS + 1) if _varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
+        columns = [c for c in range(OTHERS + 1) if _route_varies([row[c] / weight_of.get(c, 1.0) for row, _ in rows])]
         if len(columns) < 2:
             return False
         design = [[1.0, *(row[c] for c in columns)] for row, _ in rows]
@@ -248,7 +250,7 @@ def _trimmed_fit(
         if attempt == 0:
             kept = sorted(range(len(errors)), key=errors.__getitem__)[: len(errors) - len(errors) // 4]
             design, used = [design[i] for i in kept], [used[i] for i in kept]
-            if any(not _varies([row[c + 1] / w for row in design]) for c, w in enumerate(weights)):
+            if any(not _route_varies([row[c + 1] / w for row in design]) for c, w in enumerate(weights)):
                 return None
     return None
 
@@ -273,7 +275,14 @@ def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | No
 
 def _varies(values: list[float]) -> bool:
     mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / len(values) >= MIN_VARIANCE
+    return sum((v - mean) ** 2 for v in values) / len(values) >= 0.1
+
+
+def _route_varies(values: list[float]) -> bool:
+    """Whether a route's requests in flight (one value a reading) varied: as `_varies`, or at `MIN_APART`
+    readings at least half a request away from the value most readings had."""
+    most = Counter(values).most_common(1)[0][0]
+    return _varies(values) or sum(abs(v - most) >= 0.5 for v in values) >= MIN_APART
 
 
 def _dot(a: list[float], b: list[float]) -> float:
