@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_gate import AIMD, AdaptiveGate, Fixed
-from adaptive_gate._control.route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, RouteWeights
+from adaptive_gate._control.route_weights import MAX_ROUTES, MIN_READINGS, WEIGHT_RANGE, WINDOW_READINGS, RouteWeights
 from adaptive_gate._gate.operator import OperatorBounds
 from adaptive_gate.core import ADMITTED, GateCore, Outcome, Ticket
 from adaptive_gate.memory import MemorySample
@@ -87,16 +87,19 @@ def test_a_route_in_flight_at_one_reading_in_twelve_is_weighed() -> None:
     assert weights.weight("/large") / weights.weight("/small") == pytest.approx(8.0, rel=0.01)
 
 
-def test_a_route_that_varied_at_one_reading_alone_is_not_weighed_on_it() -> None:
-    """Sixteen readings of one large request of 7 GiB and a few small ones; at the last, a second large one
-    is in flight, caught as it begins to allocate (it will fail: two do not fit). A fit on that one reading
-    weighed the large route at a fraction of the small one, and let its requests in by the handful."""
+@pytest.mark.parametrize("caught", [1, 2, 3])
+def test_a_route_that_varied_in_one_request_alone_is_not_weighed_on_it(caught: int) -> None:
+    """A window of one large request of 7 GiB and a few small ones; at the last readings, one or several in a
+    row, a second large one is in flight, caught as it begins to allocate (it will fail: two do not fit). A fit
+    on that one request weighed the large route at a fraction of the small one, and let its requests in by the
+    handful."""
     weights = RouteWeights()
-    for i in range(MIN_READINGS + 1):  # the first registers the routes: a window of sixteen
-        last = i == MIN_READINGS
-        row = {"/small": float(i % 3), "/large": 2.0 if last else 1.0}
+    readings = WINDOW_READINGS + 1  # the first registers the routes
+    for i in range(readings):
+        second = i >= readings - caught
+        row = {"/small": float(i % 3), "/large": 2.0 if second else 1.0}
         # the second large one holds half a GiB so far
-        used = BASELINE + row["/small"] * 1.75 * GiB + 7 * GiB + (GiB // 2 if last else 0)
+        used = BASELINE + row["/small"] * 1.75 * GiB + 7 * GiB + (GiB // 2 if second else 0)
         weights.observe(used, row, now_s=i * 0.1)
     assert weights.fits == 0 and weights.weight("/large") == 1.0
 

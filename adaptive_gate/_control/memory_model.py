@@ -780,13 +780,14 @@ class MemoryModel:
         return False
 
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
-        """Whether `per_unit`, an allocation an OOM named, is more than the model's size and than any reading
-        since the sizes last changed showed one request holding, where the own count read ours holding more
-        than the model at the last readings: inputs that grew. However far those readings spread: requests
-        that all grow stray together, not as many apart, and a growth of a fifth read as three spreads."""
+        """Whether `per_unit`, an allocation an OOM named, is more than the model's size and than any share of
+        one request the window holds (`_shares`), where the own count read ours holding more than the model at
+        the last readings: inputs that grew, however far the readings of the change spread (requests that all
+        grow stray together, not as many apart: a growth of a fifth read as three spreads). Not where routes
+        are weighed: a request weighed before its route's weight names a whole request's bytes as a slot's."""
         more = self._more_at is not None and self.samples - self._more_at < RELIEF_READINGS
         most = max((share for share, _ in self._shares), default=math.inf)
-        return more and per_unit > (1 + WHOLE_TOLERANCE) * max(most, per_request)
+        return more and not self._routes_weighed and per_unit > (1 + WHOLE_TOLERANCE) * max(most, per_request)
 
     def _named_whole(self, size: float) -> bool:
         """Whether the readings read as a mix end in `SETTLED_READINGS` or more in a row that each hold a

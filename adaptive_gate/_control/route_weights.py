@@ -33,10 +33,10 @@ WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean re
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
 NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
-# A route's requests varied on their own where they did at this many readings of the window at least, however
-# seldom that is among the rest (a large route among many small requests, whose requests fill most of the card
-# and run alone). At one, the fit rests on it alone: a request caught before it failed to allocate weighed its
-# route at nothing.
+# A route's requests varied on their own where they did at this many runs of readings of the window at least,
+# however seldom that is among the rest (a large route among many small requests, whose requests fill most of the
+# card and run alone). Runs, not readings: at one, the fit rests on one request, and one caught before it failed to
+# allocate, at one reading or two in a row, weighed its route at a fraction of the others.
 MIN_APART = 2
 
 
@@ -279,10 +279,13 @@ def _varies(values: list[float]) -> bool:
 
 
 def _route_varies(values: list[float]) -> bool:
-    """Whether a route's requests in flight (one value a reading) varied: as `_varies`, or at `MIN_APART`
-    readings at least half a request away from the value most readings had."""
+    """Whether a route's requests in flight (one value a reading) varied: as `_varies`, or in `MIN_APART` runs
+    of readings at least half a request away from the value most readings had."""
+    if _varies(values):
+        return True
     most = Counter(values).most_common(1)[0][0]
-    return _varies(values) or sum(abs(v - most) >= 0.5 for v in values) >= MIN_APART
+    apart = [abs(v - most) >= 0.5 for v in values]
+    return sum(a and not (i and apart[i - 1]) for i, a in enumerate(apart)) >= MIN_APART
 
 
 def _dot(a: list[float], b: list[float]) -> float:
