@@ -737,8 +737,8 @@ class MemoryModel:
         of one size and this is beyond it (three spreads above the mean), inputs grew: a request holds
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
         So too where they were of one size until the last readings and this is beyond a mix's spread of
-        the mean, or beyond what any reading showed where the own count read them holding more
-        (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the slots weigh
+        the mean, or past what the window's readings showed one holding where the own count read them
+        holding more (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the slots weigh
         what a `cost` says (`told`), a unit holds at least what this one asked for, till the sizes change
         (`_named_size`)."""
         per_unit = nbytes / max(units, 1e-9)

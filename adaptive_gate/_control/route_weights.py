@@ -248,7 +248,8 @@ def _trimmed_fit(
         if sum(errors) / len(errors) <= tolerance_sq:
             return solution
         if attempt == 0:
-            kept = sorted(range(len(errors)), key=errors.__getitem__)[: len(errors) - len(errors) // 4]
+            # In the order they came, so that runs of readings stay runs (`_route_varies`)
+            kept = sorted(sorted(range(len(errors)), key=errors.__getitem__)[: len(errors) - len(errors) // 4])
             design, used = [design[i] for i in kept], [used[i] for i in kept]
             if any(not _route_varies([row[c + 1] / w for row in design]) for c, w in enumerate(weights)):
                 return None
