@@ -738,9 +738,9 @@ class MemoryModel:
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
         So too where they were of one size until the last readings and this is beyond a mix's spread of
         the mean, or past what the window's readings showed one holding where the own count read them
-        holding more (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the slots weigh
-        what a `cost` says (`told`), a unit holds at least what this one asked for, till the sizes change
-        (`_named_size`)."""
+        holding more (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the
+        slots weigh what a `cost` says (`told`), a unit holds at least what this one asked for, till the
+        sizes change (`_named_size`)."""
         per_unit = nbytes / max(units, 1e-9)
         whole = self._whole
         if whole is not None and abs(per_unit - whole) > WHOLE_TOLERANCE * whole:
