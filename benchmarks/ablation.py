@@ -207,6 +207,17 @@ class _NoNamedSize(MemoryModel):
         return False
 
 
+class _NoUnitSeen(MemoryModel):
+    def _unit_seen(self, share: float) -> None:
+        return None
+
+
+def no_unit_seen() -> AIMD:
+    """Under a `cost`, a unit holds what nine in ten readings show (and what an OOM named), not at least the most a
+    reading showed one holding: readings that catch requests before they allocate size it short."""
+    return AIMD(memory=_NoUnitSeen())
+
+
 class _NoNamedWhole(MemoryModel):
     def _named_whole(self, size: float) -> bool:
         return False
@@ -324,6 +335,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "shrink never misread": shrink_never_misread,
     "weights a mix": weights_a_mix,
     "no named size": no_named_size,
+    "no unit seen": no_unit_seen,
     "no named whole size": no_named_whole,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
@@ -344,7 +356,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # or on routes told a whole cost under the ratio of their bytes; and a mix of routes told nothing,
 # each allocating late; and inputs that shrink, allocating up to twice their work late; and a neighbour
 # that gives back less than a quarter of a request beside requests allocating three times their work late;
-# and inputs that grow by a fifth on a card that holds many, whose readings of the change spread widely.
+# and inputs that grow by a fifth on a card that holds many, whose readings of the change spread widely;
+# and a mix told through a cost, allocating late, whose first readings alone caught every request allocated.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -368,6 +381,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 17, "closed-32"),
     ("late", 13, "closed-32"),
     ("many", 31003, "closed-32"),
+    ("units", 44, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

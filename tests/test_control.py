@@ -1954,6 +1954,30 @@ def test_a_size_an_oom_named_under_a_cost_goes_once_the_readings_stop_showing_it
     assert memory.cap() == 8
 
 
+def test_under_a_cost_a_unit_holds_the_most_a_reading_showed_one_holding_though_most_have_not_allocated_yet() -> None:
+    """Requests told through a cost hold 2 GiB a unit, and allocate late: most readings of ten units in
+    flight catch only three to six of them allocated. A reading of two units, both allocated, showed 2 GiB
+    each; the others, read as smaller requests or a line through them, had sized a unit at half that and
+    sent twice what fits to an OOM. Each reading shows a unit holding at most what it holds, so the most a
+    reading showed is what a unit holds; readings that stop showing a unit near it (a shrink) let it go."""
+    memory = MemoryModel()
+    memory.costs_told()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    memory.add(0.1, 2, 12 * GiB, TOTAL)
+    allocated = [3, 5, 4, 6, 3, 4, 5, 3]
+    now_s = 0.1
+    for i in range(31):
+        now_s += 0.1
+        memory.add(now_s, 10, int((8 + 2 * allocated[i % len(allocated)]) * GiB), TOTAL)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(2 * GiB)
+    assert memory.cap() == 8
+    for _ in range(40):  # the units shrank to a quarter, all allocated at every reading
+        now_s += 0.1
+        memory.add(now_s, 10, 13 * GiB, TOTAL)
+    assert memory.cap() > 8
+
+
 def test_slots_weigh_what_the_gate_was_told_where_it_was_told_not_where_readings_count_parts() -> None:
     """Told by the gate (a request came with a `cost` other than 1, or the routes got their weights), not
     read off the slots in flight: parts of a request in flight are as often a snapshot taken as a request

@@ -190,6 +190,17 @@ def test_a_mix_told_through_a_cost_in_no_whole_units_is_one_size_a_unit_however_
     keeps_to_the_fit_once_told(scenario)
 
 
+def test_a_mix_told_through_a_cost_is_sized_by_the_most_a_unit_held_before_any_oom() -> None:
+    """An unseen draw: a mix told through `cost` in a unit of 0.6 small requests on a 48 GiB card beside
+    14.8 GiB of weights, each allocating up to three works after its admission. The first readings, of two
+    requests both allocated, showed a unit holding 2.1 GiB; the next caught most requests before they
+    allocate, read as a shrink and then as a line of 0.77 GiB a unit, and let in 36 units where 15 fit: an
+    OOM where the reader has none. A unit holds at least what any reading showed one holding."""
+    scenario = of_family(44, "units")
+    assert scenario.name == "mix-cost-44" and "a unit of cost 0.60 small requests" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "2x")
+
+
 def test_routes_told_a_cost_in_the_ratio_of_their_bytes_keep_to_the_fit_however_late_they_allocate() -> None:
     """An unseen draw: a mix of routes on a 48 GiB card where about eleven fit, the large route told a cost in
     the ratio of its bytes (4% over), each request allocating up to 0.2 s after its admission. The cost makes

@@ -64,10 +64,10 @@ MIX_SPREAD = 0.25  # a spread of more than this share of the mean makes the requ
 # Unless each reading's requests hold a whole number of one size, within this share of the largest share
 # read: requests of that size, some of them caught before they allocate (`_whole_size`).
 WHOLE_TOLERANCE = 0.02
-# Where told, the least share of a size an OOM named that one of `WINDOW_READINGS` busy readings must show a
-# unit holding for the size to hold (`_watch_named`): readings that catch requests before they allocate show
-# less than the size at their most.
-NAMED_SHARE = 0.6
+# Where told, the least share of the most a unit held that one of `WINDOW_READINGS` busy readings must show a
+# unit holding for that size to hold (`_watch_unit_held`): readings that catch requests before they allocate
+# show less than the size at their most.
+HELD_SHARE = 0.6
 Z_STEP = 0.25
 MIN_Z, MAX_Z = 1.0, 6.0
 # Busy samples after which a model that still has no cap (requests that hold next to nothing on the
@@ -158,11 +158,11 @@ class MemoryModel:
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
         self._costs_told = False  # whether a request came with a `cost` other than 1 (`costs_told`)
-        # Where told by a `cost` alone: the bytes a unit held by the last OOM that named more than the model
-        # (`learn_size`), kept till the sizes change or the readings stop showing it (`_watch_named`).
-        self._named: float | None = None
-        # The most a unit held by the busy readings since the named size was last checked, and how many.
-        self._named_top, self._named_readings = 0.0, 0
+        # Where told by a `cost` alone: the most a unit was seen holding, by a busy reading (`_unit_seen`) or by
+        # an allocation an OOM named (`_named_size`), kept till the readings stop showing it (`_watch_unit_held`).
+        self._unit_held: float | None = None
+        # The most a unit held by the busy readings since that size was last checked, and how many.
+        self._held_top, self._held_readings = 0.0, 0
         self._routes_weighed = False  # whether the gate ever weighed its routes (`units_changed`)
         self._more_at: int | None = None  # the last reading whose own count read ours holding more than the model
 
@@ -191,7 +191,7 @@ class MemoryModel:
             self.pressed = full and ((self._rise is not None and self._rise is not rise_before) or waiting)
             self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
-            self._watch_named(in_flight, float(used_bytes))
+            self._watch_unit_held(in_flight, float(used_bytes))
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
@@ -294,6 +294,7 @@ class MemoryModel:
             if share >= MIN_REQUEST_FRACTION * self._total_bytes:
                 self._per_request = share
                 self._shares.append((share, in_flight))
+                self._unit_seen(share)
             return
         self._read_busy(used, in_flight)
 
@@ -401,6 +402,7 @@ class MemoryModel:
         self._recent.clear()
         self._hollow.clear()
         self._size_before = None
+        self._unit_held = None  # a unit's bytes by its cost: a slot is a weighed request now
         self.ooms.forget()
         if self._size_read is not None:
             # A size an OOM named was one request's, of whichever route: a slot is the mean request now.
@@ -411,11 +413,13 @@ class MemoryModel:
         self._since_shrink = 0
 
     def _sizes_changed(self) -> None:
-        """Our requests changed size: their shares from before describe other requests."""
+        """Our requests changed size: their shares from before describe other requests. (Not the most a
+        unit held where told: readings that catch requests before they allocate pass for a shrink, and it
+        goes only when the readings stop showing it, `_watch_unit_held`.)"""
         self._changed()
         self._since_sizes = 0
         self._shares.clear()
-        self._shrunk = self._quantile = self._late_size = self._not_whole = self._named = None
+        self._shrunk = self._quantile = self._late_size = self._not_whole = None
 
     def _relieve(self, baseline: float, used: float, in_flight: float, read: float | None) -> None:
         """The others hold less than believed, or our requests less: taken when `RELIEF_READINGS`
@@ -559,6 +563,7 @@ class MemoryModel:
         self._hollow.clear()
         self._size_read = None
         self._shares.append((share, in_flight))
+        self._unit_seen(share)
         if self._per_request is None:
             self._per_request = share
         else:
@@ -566,6 +571,16 @@ class MemoryModel:
             self._per_request += weight * (share - self._per_request)
         self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, self._per_request)
         self._fit_shares()
+
+    def _unit_seen(self, share: float) -> None:
+        """Where told by a `cost` alone, a busy reading showed a unit holding `share`: every unit holds at
+        least that. A cost makes the units one size, so a reading shows a unit holding less (some caught
+        before they allocate) but never more; sized by nine in ten readings, or by a line through them, a
+        unit falls short where most requests in flight have not allocated yet."""
+        if not self._costs_told or self._routes_weighed:
+            return
+        if self._unit_held is None or share > self._unit_held:
+            self._unit_held, self._held_top, self._held_readings = share, 0.0, 0
 
     def _share_quantile(self) -> float | None:
         """`SIZE_QUANTILE` of what the readings since the sizes last changed showed one request holding."""
@@ -655,8 +670,8 @@ class MemoryModel:
             per_request = max(per_request, self._whole)  # one size, read whole where all had allocated
         elif self._quantile is not None and (spread < MIX_SPREAD * self._per_request or self.told()):
             per_request = max(per_request, self._quantile)  # one size: readings before their peak are not it
-        if self._named is not None:
-            per_request = max(per_request, self._named)  # told: what an OOM named a unit holding
+        if self._unit_held is not None:
+            per_request = max(per_request, self._unit_held)  # told: the most a unit was seen holding
         return MemoryEstimate(self._baseline, per_request, self._total_bytes, spread)
 
     def room(self) -> float | None:
@@ -740,7 +755,7 @@ class MemoryModel:
         the mean, or past what the window's readings showed one holding where the own count read them
         holding more (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the
         slots weigh what a `cost` says (`told`), a unit holds at least what this one asked for, till the
-        sizes change (`_named_size`)."""
+        readings stop showing it (`_named_size`)."""
         per_unit = nbytes / max(units, 1e-9)
         whole = self._whole
         if whole is not None and abs(per_unit - whole) > WHOLE_TOLERANCE * whole:
@@ -812,19 +827,19 @@ class MemoryModel:
         self._late_size = size  # readings of it catch some not allocated yet (`_relieve`)
         return True
 
-    def _watch_named(self, in_flight: float, used: float) -> None:
-        """A size an OOM named holds while the readings still show a unit near it: where none of
-        `WINDOW_READINGS` busy readings in a row showed a unit holding `NAMED_SHARE` of it, the sizes shrank
-        (or the request that named it was an outlier), and it goes: kept, it would hide any shrink."""
-        if self._named is None or in_flight <= 0 or self._baseline is None:
+    def _watch_unit_held(self, in_flight: float, used: float) -> None:
+        """The most a unit was seen holding holds while the readings still show a unit near it: where none
+        of `WINDOW_READINGS` busy readings in a row showed a unit holding `HELD_SHARE` of it, the sizes shrank
+        (or the request that showed it was an outlier), and it goes: kept, it would hide any shrink."""
+        if self._unit_held is None or in_flight <= 0 or self._baseline is None:
             return
-        self._named_top = max(self._named_top, (used - self._baseline) / in_flight)
-        self._named_readings += 1
-        if self._named_readings < WINDOW_READINGS:
+        self._held_top = max(self._held_top, (used - self._baseline) / in_flight)
+        self._held_readings += 1
+        if self._held_readings < WINDOW_READINGS:
             return
-        if self._named_top < NAMED_SHARE * self._named:
-            self._named = None
-        self._named_top, self._named_readings = 0.0, 0
+        if self._held_top < HELD_SHARE * self._unit_held:
+            self._unit_held = None
+        self._held_top, self._held_readings = 0.0, 0
 
     def _named_size(self, per_unit: float, per_request: float) -> bool:
         """Where told by a `cost`, an OOM that named more than `per_request` a unit: a unit holds at least
@@ -834,7 +849,7 @@ class MemoryModel:
         would name a whole request's bytes as a slot's."""
         if per_unit <= (1 + WHOLE_TOLERANCE) * per_request or self._old_sizes_may_run():
             return False  # (a request from before the sizes shrank names the size from before)
-        self._named, self._named_top, self._named_readings = per_unit, 0.0, 0
+        self._unit_held, self._held_top, self._held_readings = per_unit, 0.0, 0
         return True
 
     def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
