@@ -202,19 +202,14 @@ def weights_a_mix() -> AIMD:
     return AIMD(memory=_WeightsAMix())
 
 
-class _NoNamedSize(MemoryModel):
-    def _named_size(self, per_unit: float, per_request: float) -> bool:
-        return False
-
-
 class _NoUnitSeen(MemoryModel):
     def _unit_seen(self, share: float) -> None:
         return None
 
 
 def no_unit_seen() -> AIMD:
-    """Under a `cost`, a unit holds what nine in ten readings show (and what an OOM named), not at least the most a
-    reading showed one holding: readings that catch requests before they allocate size it short."""
+    """Under a `cost`, a unit holds what nine in ten readings show, not at least the most a reading showed one
+    holding: readings that catch requests before they allocate size it short."""
     return AIMD(memory=_NoUnitSeen())
 
 
@@ -249,12 +244,6 @@ def held_by_the_model() -> AIMD:
     """A busy reading's share is the card less the others' bytes the model holds, even where the own count,
     believed, reads them otherwise."""
     return AIMD(memory=_HeldByTheModel())
-
-
-def no_named_size() -> AIMD:
-    """Where the slots weigh what the gate was told, an OOM's named bytes teach a unit's size only as they
-    would where it was told nothing (inputs that grew, a shrink misread)."""
-    return AIMD(memory=_NoNamedSize())
 
 
 class _ShrinkNeverMisread(MemoryModel):
@@ -334,7 +323,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no whole sizes": no_whole_sizes,
     "shrink never misread": shrink_never_misread,
     "weights a mix": weights_a_mix,
-    "no named size": no_named_size,
     "no unit seen": no_unit_seen,
     "no named whole size": no_named_whole,
     "shares by the model's others": held_by_the_model,

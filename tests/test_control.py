@@ -1934,10 +1934,10 @@ def test_whole_requests_whose_readings_spread_are_a_mix() -> None:
 
 
 def test_a_size_an_oom_named_under_a_cost_goes_once_the_readings_stop_showing_it() -> None:
-    """Requests told through a cost of 1.5 hold 3 GiB (2 GiB a unit). One from before the inputs shrank
-    runs out asking for 6 GiB: a unit is taken to hold at least 4 GiB. Held against readings that never
-    show a unit above 2 GiB, the limit stayed at half of what fits for good; 32 such readings say the
-    sizes are smaller now, and the named size goes."""
+    """Requests told through a cost of 1.5 hold 3 GiB (2 GiB a unit). One from before the inputs shrank runs
+    out asking for 6 GiB: a unit is taken to hold 4 GiB, as inputs that grew, while requests from before it
+    may run. Held against readings that never show a unit above 2 GiB, the limit had stayed at half of what
+    fits for good; readings of requests that all arrived after it bring the size back to theirs."""
     memory = MemoryModel()
     memory.costs_told()
     memory.add(0.0, 0, 8 * GiB, TOTAL)
@@ -1948,8 +1948,9 @@ def test_a_size_an_oom_named_under_a_cost_goes_once_the_readings_stop_showing_it
     assert memory.told() and memory.cap() == 8
     assert memory.learn_size(6 * GiB, 1.5, now_s)
     assert memory.cap() == 4
-    for _ in range(32):
+    for _ in range(40):
         now_s += 0.1
+        memory.oldest_in_flight(now_s - 0.05)  # as the gate tells it before each reading
         memory.add(now_s, 4.5, 17 * GiB, TOTAL)
     assert memory.cap() == 8
 

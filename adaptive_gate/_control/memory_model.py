@@ -41,6 +41,9 @@ SHRINK_READINGS = 8
 SERVICE_SHARE = 0.1  # how far one request's service time moves their mean
 MIN_MOVES = 8  # readings whose moves must be known before their median says how far a mix moves
 NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading may stray from the model
+# Readings closer than this are one: float arithmetic on byte counts strays by fractions of a byte, and
+# an allocator hands out blocks, not bytes (a model read exactly at a reading must not read a fall there).
+READING_GRAIN_BYTES = 2**20
 WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
 # How far one reading moves the requests' mean: up twice as fast as down, as readings below are as
 # often requests not allocated yet as small ones.
@@ -158,8 +161,8 @@ class MemoryModel:
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
         self._costs_told = False  # whether a request came with a `cost` other than 1 (`costs_told`)
-        # Where told by a `cost` alone: the most a unit was seen holding, by a busy reading (`_unit_seen`) or by
-        # an allocation an OOM named (`_named_size`), kept till the readings stop showing it (`_watch_unit_held`).
+        # Where told by a `cost` alone: the most a busy reading showed a unit holding (`_unit_seen`), kept till
+        # the readings stop showing it (`_watch_unit_held`).
         self._unit_held: float | None = None
         # The most a unit held by the busy readings since that size was last checked, and how many.
         self._held_top, self._held_readings = 0.0, 0
@@ -318,7 +321,7 @@ class MemoryModel:
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
-        noise_bytes = max(NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight), 3 * usual_move)
+        noise_bytes = max(NOISE_SPREADS * math.sqrt(self._spread_sq * in_flight), 3 * usual_move, READING_GRAIN_BYTES)
         # The others' bytes before a rise that the next reading has yet to confirm.
         before = self._baseline if self._rise is None else self._rise[0]
         own_others = used - self._ours if self._ours is not None and self._own_agrees else None
@@ -529,7 +532,10 @@ class MemoryModel:
         if len(lately) < RELIEF_READINGS:
             return False
         since_s = lately[-RELIEF_READINGS][0] - SHRINK_SERVICES * self._service_s
-        return any(t >= since_s and n > 0 and used - floor >= least * n for t, n, used in lately[:-RELIEF_READINGS])
+        return any(
+            t >= since_s and n > 0 and used - floor + READING_GRAIN_BYTES >= least * n
+            for t, n, used in lately[:-RELIEF_READINGS]
+        )
 
     def served(self, latency_s: float) -> None:
         """A request finished `latency_s` after its admission: how long one holds its slot."""
@@ -753,9 +759,7 @@ class MemoryModel:
         at least that much from now on (True), while requests from before may run (`oldest_in_flight`).
         So too where they were of one size until the last readings and this is beyond a mix's spread of
         the mean, or past what the window's readings showed one holding where the own count read them
-        holding more (`_past_the_readings`). In a mix, a large one failing says nothing new. Where the
-        slots weigh what a `cost` says (`told`), a unit holds at least what this one asked for, till the
-        readings stop showing it (`_named_size`)."""
+        holding more (`_past_the_readings`). In a mix, a large one failing says nothing new."""
         per_unit = nbytes / max(units, 1e-9)
         whole = self._whole
         if whole is not None and abs(per_unit - whole) > WHOLE_TOLERANCE * whole:
@@ -767,8 +771,6 @@ class MemoryModel:
             return False
         if per_unit > est.total_bytes - est.baseline_bytes:
             return False  # no slot that size would fit, yet the request alone would: its weight is wrong, not the size
-        if self._costs_told and not self._routes_weighed and self._named_size(per_unit, est.per_request_bytes):
-            return True
         if self.is_mix() and self._named_whole(per_unit):
             return True
         # Settled since the sizes last changed, not the card (growth is first read as the others'
@@ -840,17 +842,6 @@ class MemoryModel:
         if self._held_top < HELD_SHARE * self._unit_held:
             self._unit_held = None
         self._held_top, self._held_readings = 0.0, 0
-
-    def _named_size(self, per_unit: float, per_request: float) -> bool:
-        """Where told by a `cost`, an OOM that named more than `per_request` a unit: a unit holds at least
-        that (True). The cost makes the named bytes a unit's, whatever the readings' spread: they catch
-        requests before they allocate, and sized by nine in ten of them, a unit falls short again and again.
-        Not where routes are weighed: a weight is learnt, and a request that weighed one slot before it
-        would name a whole request's bytes as a slot's."""
-        if per_unit <= (1 + WHOLE_TOLERANCE) * per_request or self._old_sizes_may_run():
-            return False  # (a request from before the sizes shrank names the size from before)
-        self._unit_held, self._held_top, self._held_readings = per_unit, 0.0, 0
-        return True
 
     def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
         """Whether an allocation of `per_unit` says the last shrink was misread: no request from before
