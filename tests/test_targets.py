@@ -194,7 +194,7 @@ def test_a_mix_told_through_a_cost_in_no_whole_units_is_one_size_a_unit_however_
     weighs a whole number, about ten fit on a 16 GiB card, each allocating up to 0.05 s after its
     admission. No reading held whole slots, and read as a mix (the readings' spread was requests caught
     before they allocate), 329 OOMs came in a minute where the reader has none. Told, a unit is one size:
-    sized by nine in ten of its readings, which fall short, 15; by what an OOM named, a few."""
+    sized by nine in ten of its readings, which fall short, 15; by the most a reading showed one holding, none."""
     scenario = of_family(2, "units")
     assert scenario.name == "mix-cost-2" and "a unit of cost 1.33 small requests" in scenario.description
     keeps_to_the_fit_once_told(scenario)
