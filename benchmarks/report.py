@@ -218,6 +218,10 @@ def http_rows(name: str = "http_demo") -> list[str]:
     ]
     for scenario, runs in document["runs"].items():
         for policy, run in runs.items():
+            if "error" in run:
+                # The service died under the load (an ungated one that ran out of memory): the run has no figures.
+                rows.append(f"| {scenario} | {policy} | failed: {run['error']} | - | - | - | - | - |")
+                continue
             wrk = run.get("wrk_closed_loop_16") or {}
             rows.append(
                 f"| {scenario} | {policy} | {run['goodput_per_s']} | {run['p50_ms']} / {run['p99_ms']} | "

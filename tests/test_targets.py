@@ -9,15 +9,18 @@ any of them fails here, not in a benchmark nobody reran.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from functools import cache
+from pathlib import Path
 
 import pytest
 
 from adaptive_gate._gate.too_large import RETRY_S
 from adaptive_gate.control import AIMD
 from adaptive_gate.simulation import SimulationResult, simulate
+from benchmarks import report
 from benchmarks.ablation import VARIANTS
 from benchmarks.model import GiB, Phase, Scenario, Size
 from benchmarks.report import README, rendered, summary_rows
@@ -140,6 +143,24 @@ def test_the_readme_shows_the_tables_the_results_make() -> None:
     assert summary_rows() and summary_rows()[0] in text
     dated = re.search(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{12,40}\b", text)
     assert dated is None, f"the README holds a date or a commit: {dated.group()}"
+
+
+def test_an_http_run_whose_service_died_is_a_row_that_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`benchmarks.http_demo` records a run whose service died under the load (an ungated one that ran out of
+    memory) as its error, with no figures: the docs table says it failed, where it had stopped the site's build."""
+    ok = {"goodput_per_s": 16.25, "p50_ms": 962.0, "p99_ms": 1650.0, "503": 0, "500": 0, "gave_up": 3}
+    document = {
+        "command": "python -m benchmarks.http_demo --quick",
+        "duration_s": 8.0,
+        "deadline_s": 5.0,
+        "rate_per_s": 85.0,
+        "runs": {"neighbour": {"none": {"error": "ReadError('')", "service_output": "..."}, "adaptive": ok}},
+    }
+    (tmp_path / "http_demo.json").write_text(json.dumps(document))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    rows = report.http_rows()
+    assert "| neighbour | none | failed: ReadError('') | - | - | - | - | - |" in rows
+    assert "| neighbour | adaptive | 16.25 | 962.0 / 1650.0 | 0 | 0 | 3 | - |" in rows
 
 
 def test_the_late_family_draws_requests_that_allocate_up_to_three_works_after_admission() -> None:
