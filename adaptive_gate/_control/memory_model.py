@@ -316,8 +316,10 @@ class MemoryModel:
             else:
                 self._baseline, self._anchored = used, False
         # Requests read whole are of that size, not their mean: the mean counts the slots not allocated
-        # yet, and every reading of them all allocated would read as the others' rise.
-        moved_baseline = used - (self._settled_whole() or self._per_request) * in_flight
+        # yet, and every reading of them all allocated would read as the others' rise. Under a cost, for
+        # the same reason, a unit is at least the most one was seen holding (`_unit_held`).
+        size = self._settled_whole() or max(self._per_request, self._unit_held or 0.0)
+        moved_baseline = used - size * in_flight
         # How far n requests stray: twice their spread, or three times the apparent baseline's usual
         # move from reading to reading (a mix whose spread is still being learned).
         usual_move = statistics.median(self._moves) if len(self._moves) >= MIN_MOVES else 0.0
