@@ -1161,6 +1161,17 @@ def test_limit_stays_in_bounds_and_obeys_the_signals(
         ("sample", 0.5, 39, False),
     ]
 )
+# Found by hypothesis. Told by a cost, a reading showed a unit holding 1.6% of the card; later requests of 1%,
+# every one allocated at every reading, showed more than 60% of it, and the limit stayed at 61 for good.
+@example(
+    steps=[
+        ("sample", 0.298828125, 0, False),
+        ("sample", 0.375, 5, False),
+        ("sample", 0.34765625, 3, False),
+        ("named oom", 0.0, 1, True),
+        ("sample", 0.375, 5, False),
+    ]
+)
 # Found by hypothesis: a slot held back after a request finished on a full card, and the next reading's limit
 # twice the one the reading before left, not twice the slot held back.
 @example(
@@ -2005,6 +2016,22 @@ def test_under_a_cost_a_unit_holds_the_most_a_reading_showed_one_holding_though_
         now_s += 0.1
         memory.add(now_s, 10, 13 * GiB, TOTAL)
     assert memory.cap() > 8
+
+
+def test_under_a_cost_units_that_shrink_a_little_are_followed_once_every_reading_shows_the_smaller_size() -> None:
+    """Told through a cost, a unit held 2 GiB; then 1.6 GiB, every unit allocated at every reading. More than 60%
+    of the size it held, so it had stayed 2 GiB for good (8 where 10 fit); 32 readings of one smaller size say it
+    shrank."""
+    memory = MemoryModel()
+    memory.costs_told()
+    memory.add(0.0, 0, 8 * GiB, TOTAL)
+    memory.add(0.1, 2, 12 * GiB, TOTAL)
+    assert memory.cap() == 8
+    now_s = 0.1
+    for _ in range(64):  # the window the size was seen in, then one of the smaller size alone
+        now_s += 0.1
+        memory.add(now_s, 5, 16 * GiB, TOTAL)
+    assert memory.cap() == 10
 
 
 def test_slots_weigh_what_the_gate_was_told_where_it_was_told_not_where_readings_count_parts() -> None:

@@ -164,8 +164,8 @@ class MemoryModel:
         # Where told by a `cost` alone: the most a busy reading showed a unit holding (`_unit_seen`), kept till
         # the readings stop showing it (`_watch_unit_held`).
         self._unit_held: float | None = None
-        # The most a unit held by the busy readings since that size was last checked, and how many.
-        self._held_top, self._held_readings = 0.0, 0
+        # The most and the least a unit held by the busy readings since that size was last checked, and how many.
+        self._held_top, self._held_low, self._held_readings = 0.0, 0.0, 0
         self._routes_weighed = False  # whether the gate ever weighed its routes (`units_changed`)
         self._more_at: int | None = None  # the last reading whose own count read ours holding more than the model
 
@@ -834,15 +834,22 @@ class MemoryModel:
     def _watch_unit_held(self, in_flight: float, used: float) -> None:
         """The most a unit was seen holding holds while the readings still show a unit near it: where none
         of `WINDOW_READINGS` busy readings in a row showed a unit holding `HELD_SHARE` of it, the sizes shrank
-        (or the request that showed it was an outlier), and it goes: kept, it would hide any shrink."""
+        (or the request that showed it was an outlier), and it goes: kept, it would hide any shrink. So it
+        does where every one of them showed a unit holding one smaller size (within `WHOLE_TOLERANCE`): then
+        each caught every unit allocated, and that size is what a unit holds now."""
         if self._unit_held is None or in_flight <= 0 or self._baseline is None:
             return
-        self._held_top = max(self._held_top, (used - self._baseline) / in_flight)
+        share = (used - self._baseline) / in_flight
+        self._held_top = max(self._held_top, share)
+        self._held_low = share if self._held_readings == 0 else min(self._held_low, share)
         self._held_readings += 1
         if self._held_readings < WINDOW_READINGS:
             return
-        if self._held_top < HELD_SHARE * self._unit_held:
+        top, low = self._held_top, self._held_low
+        if top < HELD_SHARE * self._unit_held:
             self._unit_held = None
+        elif low >= (1 - WHOLE_TOLERANCE) * top and top < (1 - WHOLE_TOLERANCE) * self._unit_held:
+            self._unit_held = top  # one smaller size at every reading: the units shrank
         self._held_top, self._held_readings = 0.0, 0
 
     def _shrink_misread(self, per_unit: float, per_request: float) -> bool:
