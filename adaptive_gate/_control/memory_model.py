@@ -834,9 +834,9 @@ class MemoryModel:
     def _watch_unit_held(self, in_flight: float, used: float) -> None:
         """The most a unit was seen holding holds while the readings still show a unit near it: where none
         of `WINDOW_READINGS` busy readings in a row showed a unit holding `HELD_SHARE` of it, the sizes shrank
-        (or the request that showed it was an outlier), and it goes: kept, it would hide any shrink. So it
-        does where every one of them showed a unit holding one smaller size (within `WHOLE_TOLERANCE`): then
-        each caught every unit allocated, and that size is what a unit holds now."""
+        (or the request that showed it was an outlier), and it goes: kept, it would hide any shrink. Where
+        every one of them showed a unit holding one smaller size (within `WHOLE_TOLERANCE`), each caught every
+        unit allocated, and that size replaces it: a unit holds that now."""
         if self._unit_held is None or in_flight <= 0 or self._baseline is None:
             return
         share = (used - self._baseline) / in_flight
