@@ -249,15 +249,16 @@ class GateCore(CoreSnapshot):
         if weights is None:
             requests = units
         else:  # only a controller that learns memory weighs routes, from these
-            # Its cost: what it weighs before its route's weight, less what it weighs as one from before a shrink.
-            cost = requests
+            told = requests  # what the caller weighed it at before its route's weight, where it did
             if requests is None:
                 requests = weights.requests(route, units)
-                cost = weights.requests(route, units - heavier) if heavier else requests
             elif arrived_s <= weights.changed_s and self._took_other_slots(route, units, requests, heavier):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
-            if cost != 1 and not weights.costs_told:
-                self._costs_told(weights)
+            if not weights.costs_told:
+                # Its cost: what it weighs before its route's weight, less what it weighs as one from before a shrink.
+                cost = told if told is not None else weights.requests(route, units - heavier) if heavier else requests
+                if cost != 1:
+                    self._costs_told(weights)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
         if self._arrived_s is not None:
             self._arrived_s[counters.admitted] = arrived_s
