@@ -1487,6 +1487,26 @@ def test_the_others_rising_into_a_full_card_hold_a_slot_back_until_one_of_ours_f
     assert c.limit == 5
 
 
+def test_requests_that_ran_out_on_a_card_the_others_press_full_leave_it_pressed() -> None:
+    """The others rose into a full card, and two of ours, admitted into room they had taken, ran out.
+    The slots those leave are held till the next reading, as after any OOM; that hold used to replace
+    the one for the pressed card, and the successes after it refilled what they freed: a neighbour
+    that waits for the card took those bytes too, and the refills ran out in turn (15 OOMs where the
+    reader of the card has 9, `--family many` seed 90055). What ours free stays theirs till the reading."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, others_gib=7, levels=(1, 2, 4) + (5,) * 20)
+    now_s += 0.1
+    c.on_sample(now_s=now_s, sample=MemorySample(TOTAL, TOTAL), in_flight=5)
+    assert c.limit == 4
+    for in_flight in (5, 4):
+        c.on_oom(now_s=now_s + 0.02, epoch=c.epoch, in_flight=in_flight)
+        c.after_oom(in_flight - 1)
+    assert c.limit == 3
+    c.on_success(now_s=now_s + 0.05, latency_s=0.3, concurrency=3, demand=True)
+    assert c.limit == 2 and "full card" in c.describe()["why"]
+
+
 def test_a_bar_counts_the_room_then_in_requests_of_the_size_the_model_learned_since() -> None:
     """Nine ran out with room for 9.36 requests of 0.561 GiB, a size that readings of a request that
     held nothing (its allocation had failed) had brought 4% below the 0.585 it is. Once the model holds

@@ -477,6 +477,16 @@ def test_a_neighbour_that_grows_into_a_full_card_of_many_gets_what_ours_free_bef
     assert ours.ooms <= theirs.ooms + len(phases) - 1
 
 
+def test_a_neighbour_that_waits_for_half_a_card_of_many_keeps_what_ours_free_after_an_oom() -> None:
+    """An unseen draw: 39 requests of 0.36 GiB fit a 16 GiB card beside 2 GiB of weights; for the middle third
+    a neighbour wants 7.6 GiB and takes each byte ours free. Two of ours admitted into bytes it had taken ran
+    out, and the hold their OOMs left replaced the one for a pressed card: the slots freed after them were
+    refilled, and the neighbour took their room (15 OOMs where the reader has 9)."""
+    scenario = of_family(90055, "many")
+    assert scenario.name == "neighbour-90055" and "about 39 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "2x")
+
+
 def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_fit() -> None:
     """A quarter of the requests take a route whose requests need 11 GiB where the card has 10.5
     beside the weights: each runs out of memory even alone, a third of its work in. Answered that

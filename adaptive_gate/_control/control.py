@@ -310,7 +310,10 @@ class AIMD(_Bounds):
             return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
-            self._until_reading, self._until_reading_cause = held, "oom"
+            # Pressed still: what ours free goes on being the others' (`on_success` takes it back)
+            self._until_reading = held
+            if self._pressed_hold() is None:
+                self._until_reading_cause = "oom"
         self._update("out of memory", at_most=self._limit)
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
