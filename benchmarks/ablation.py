@@ -224,6 +224,30 @@ def no_named_whole() -> AIMD:
     return AIMD(memory=_NoNamedWhole())
 
 
+class _NoWholeRun(MemoryModel):
+    def _whole_run(self) -> None:
+        pass
+
+
+def no_whole_run() -> AIMD:
+    """Readings across a change of sizes stay a mix, sized by their mean, however many after it each hold a
+    whole number of one size, till an OOM names that size."""
+    return AIMD(memory=_NoWholeRun())
+
+
+class _WholeRunByTheLeast(MemoryModel):
+    def _whole_run(self) -> None:
+        self._named.clear()  # read for nothing else
+        super()._whole_run()
+
+
+def whole_run_by_the_least() -> AIMD:
+    """The latest readings that each hold a whole number of one size end a mix at the least such size, even
+    where an OOM lately asked for more at once (readings that catch few of them allocated hold whole numbers
+    of a divisor of the size too, and a mix's sums may all be whole numbers of its small size)."""
+    return AIMD(memory=_WholeRunByTheLeast())
+
+
 class _GrowthBySpreads(MemoryModel):
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -325,6 +349,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "weights a mix": weights_a_mix,
     "no unit seen": no_unit_seen,
     "no named whole size": no_named_whole,
+    "no whole run": no_whole_run,
+    "whole run by the least size": whole_run_by_the_least,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
@@ -345,7 +371,10 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # each allocating late; and inputs that shrink, allocating up to twice their work late; and a neighbour
 # that gives back less than a quarter of a request beside requests allocating three times their work late;
 # and inputs that grow by a fifth on a card that holds many, whose readings of the change spread widely;
-# and a mix told through a cost, allocating late, whose first readings alone caught every request allocated.
+# and a mix told through a cost, allocating late, whose first readings alone caught every request allocated;
+# and inputs that shrink by a fifth, allocating two works late, and a mix of routes allocating late, ten of
+# whose readings in a row caught small ones alone allocated, after an OOM had asked for a large one's bytes;
+# and a neighbour that waits for half a card of many, where some of ours admitted into its room ran out.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -370,6 +399,9 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 13, "closed-32"),
     ("many", 31003, "closed-32"),
     ("units", 44, "2x"),
+    ("late", 90018, "2x"),
+    ("late", 7053, "closed-32"),
+    ("many", 90055, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

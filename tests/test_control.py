@@ -1933,33 +1933,58 @@ def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
     assert memory.cap() == 5
 
 
-def test_an_oom_that_names_the_size_the_readings_hold_whole_numbers_of_since_a_shrink_ends_the_mix() -> None:
+def test_readings_that_hold_whole_numbers_of_one_size_since_a_shrink_end_the_mix() -> None:
     """Five 6 GiB requests fit beside 10 GiB; read whole, some caught before they allocate. The inputs shrink
     to 4 GiB: the readings across the change (old and new in flight) make a mix, and the readings after it,
-    of seven requests catching one to three not allocated yet, hold its mean at 3.65 GiB, five where seven
-    fit. An OOM asks for 4 GiB, and each of the last twelve readings held a whole number of it: they are
-    requests of that size."""
+    of seven requests catching one to three not allocated yet, held its mean at 3.65 GiB, five where seven
+    fit, till an OOM asked for 4 GiB (`--family late`, seed 90018: 14 OOMs where the reader has none). Ten
+    readings in a row that each hold a whole number of 4 GiB are requests of that size, OOM or not, where the
+    requests were of one size for a window of readings before (a mix may read whole for a while)."""
     total = 40 * GiB
     memory = MemoryModel()
     memory.add(0.0, 0, 10 * GiB, total)
     now_s = 0.0
-    for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 2:
+    for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 4:  # one size for a window of readings
         now_s += 0.1
         memory.add(now_s, 5, (10 + 6 * (5 - short)) * GiB, total)
     assert memory.cap() == 5 and not memory.is_mix()
     for old, new in [(3, 2), (2, 3), (1, 4), (1, 5)]:
         now_s += 0.1
         memory.add(now_s, old + new, (10 + 6 * old + 4 * (new - 1)) * GiB, total)
+    shorts = [1, 2, 0, 3, 1, 2, 1, 0, 2, 1]
+    for short in shorts[:-1]:
+        now_s += 0.1
+        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, total)
+    assert memory.is_mix() and memory.cap() == 5  # nine of them, and one across the change
+    now_s += 0.1
+    memory.add(now_s, 7, (10 + 4 * (7 - shorts[-1])) * GiB, total)
+    estimate = memory.estimate()
+    assert not memory.is_mix() and memory.cap() == 7
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(4 * GiB)
+
+
+def test_readings_whole_in_a_small_size_after_an_oom_asked_for_a_large_one_stay_a_mix() -> None:
+    """Five 6 GiB requests fit beside 10 GiB, read whole. Then a mix comes, 4 GiB and 12 GiB requests, each
+    allocating late, and an OOM asks for 12 GiB; the next ten readings happen to catch small ones alone
+    allocated: whole numbers of 4 GiB. Taken for requests of 4 GiB, the large ones ran out by the dozen
+    (`--family late`, seed 7053: 117 OOMs in a minute where 45 without it). A request asked for 12 GiB at
+    once: they are not all of 4, and the readings stay a mix till they hold whole numbers of what it asked."""
+    total = 40 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, 10 * GiB, total)
+    now_s = 0.0
+    for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 4:  # one size for a window of readings
+        now_s += 0.1
+        memory.add(now_s, 5, (10 + 6 * (5 - short)) * GiB, total)
+    assert memory.cap() == 5 and not memory.is_mix()
+    for old, new in [(3, 2), (2, 3), (1, 4), (1, 5)]:
+        now_s += 0.1
+        memory.add(now_s, old + new, (10 + 6 * old + 4 * (new - 1)) * GiB, total)
+    assert memory.is_mix() and not memory.learn_size(12 * GiB, 1, now_s)  # a large one of a mix
     for short in [1, 2, 0, 3, 1, 2, 1, 0, 2, 1, 3, 1]:
         now_s += 0.1
         memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, total)
     assert memory.is_mix() and memory.cap() == 5
-    assert memory.learn_size(4 * GiB, 1, now_s)
-    assert not memory.is_mix() and memory.cap() == 7
-    now_s += 0.1
-    memory.add(now_s, 7, (10 + 4 * 6) * GiB, total)
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(4 * GiB) and memory.cap() == 7
 
 
 def test_a_mix_all_along_is_not_taken_for_the_size_an_oom_names() -> None:

@@ -194,6 +194,16 @@ def test_requests_read_exactly_at_the_model_are_no_shrink() -> None:
     meets_the_targets_beside_the_reader(scenario, "2x")
 
 
+def test_requests_that_shrink_allocating_late_are_read_at_their_new_size_before_an_oom_names_it() -> None:
+    """An unseen draw: inputs that shrink on a 40 GiB card where about seven fit, each request allocating up
+    to twice its work after its admission, 32 clients. The readings across the change made a mix, whose mean
+    (readings catch requests not allocated yet) let in more than fit till an OOM named the size: 2 OOMs where
+    the reader has none. Ten readings in a row of whole numbers of one size tell it first."""
+    scenario = of_family(45, "late")
+    assert scenario.name == "shrink-45" and "about 7 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def weighs_its_routes_beside_the_reader(scenario: Scenario, load: str, share: float = 0.02) -> None:
     """The targets of a mix of routes: at most `share` of what it serves OOMs while the weights are learnt (as
     `benchmarks.unseen` allows), and 0.95 of what the reader serves."""

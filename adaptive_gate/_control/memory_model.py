@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._checks import check_fraction
@@ -45,6 +46,7 @@ NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading m
 # an allocator hands out blocks, not bytes (a model read exactly at a reading must not read a fall there).
 READING_GRAIN_BYTES = 2**20
 WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
+MAX_NAMED = 64  # OOMs' named sizes kept for `_whole_run` (the latest, where more came within the window)
 # How far one reading moves the requests' mean: up twice as fast as down, as readings below are as
 # often requests not allocated yet as small ones.
 SHARE_UP, SHARE_DOWN = 0.2, 0.1
@@ -81,6 +83,26 @@ BLIND_GROWTH_AFTER_SAMPLES = 20
 def _off_whole(held: float, size: float) -> float:
     """How far `held` bytes lie from a whole number of requests of `size` bytes each."""
     return abs(held - round(held / size) * size)
+
+
+def _least_whole(shares: Sequence[tuple[float, float]]) -> float | None:
+    """The least size, no smaller than any of these (share, in flight) readings' shares, of which each
+    showed its requests holding a whole number (`WHOLE_TOLERANCE`), one at least fewer than were in
+    flight; None where there is none."""
+    if len(shares) < MIN_QUANTILE_READINGS or any(n != round(n) for _, n in shares):
+        return None
+    top, top_in_flight = max(shares)
+    if top <= 0:
+        return None  # nothing held at all: no size to count in
+    # The top reading as `whole` requests of one size, at least half of those it had in flight: fewer,
+    # and one size of many requests' bytes would pass for one of any few readings' sums.
+    sums = [(share * n, n) for share, n in shares]  # (bytes held, in flight) of each reading
+    for whole in range(round(top_in_flight), math.ceil(top_in_flight / 2) - 1, -1):
+        size = top * top_in_flight / whole
+        # Off by a share of the top reading's, not of the size tried: a larger size is no looser a fit
+        if all(_off_whole(held, size) <= WHOLE_TOLERANCE * top for held, _ in sums):
+            return size if any(round(held / size) < n for held, n in sums) else None
+    return None
 
 
 class MemoryModel:
@@ -160,6 +182,7 @@ class MemoryModel:
         self._served_since = False  # whether a request of ours finished since the last reading
         self._shrink_step_at: int | None = None  # the reading of the last step of a shrink (`_relieve`)
         self._one_size_at: int | None = None  # the last reading after which the requests were of one size
+        self._one_size_from = 0  # the first reading of the stretch of one size that ended there
         self._costs_told = False  # whether a request came with a `cost` other than 1 (`costs_told`)
         # Where told by a `cost` alone: the most a busy reading showed a unit holding (`_unit_seen`), kept till
         # the readings stop showing it (`_watch_unit_held`).
@@ -168,6 +191,8 @@ class MemoryModel:
         self._held_top, self._held_low, self._held_readings = 0.0, 0.0, 0
         self._routes_weighed = False  # whether the gate ever weighed its routes (`units_changed`)
         self._more_at: int | None = None  # the last reading whose own count read ours holding more than the model
+        # (reading, bytes a unit) an OOM named in the last `WINDOW_READINGS` readings (`_named_lately`)
+        self._named: deque[tuple[int, float]] = deque(maxlen=MAX_NAMED)
 
     @property
     def learning(self) -> bool:
@@ -195,9 +220,13 @@ class MemoryModel:
             self._served_since = False
             self._own_agrees = self._own_told(in_flight, float(used_bytes))
             self._watch_unit_held(in_flight, float(used_bytes))
+            if self.is_mix():
+                self._whole_run()
             if self._anchored:
                 self._anchor = self._baseline
             if not self.is_mix():
+                if self._one_size_at != self.samples - 1:
+                    self._one_size_from = self.samples
                 self._one_size_at = self.samples
         finally:
             self._quantile = self._share_quantile()
@@ -604,23 +633,13 @@ class MemoryModel:
         far that makes the readings swing. None where there is none: a mix, whose sums fall anywhere (or
         whole by chance, till an OOM asks for another size: `learn_size`), or slots that are not whole
         requests (routes weighed, `cost`)."""
-        shares = self._shares
-        if len(shares) < MIN_QUANTILE_READINGS or any(n != round(n) for _, n in shares):
-            return None
-        top, top_in_flight = max(shares)
-        if top <= 0:
-            return None  # nothing held at all: no size to count in
-        # The top reading as `whole` requests of one size, at least half of those it had in flight: fewer,
-        # and one size of many requests' bytes would pass for one of any few readings' sums.
-        sums = [(share * n, n) for share, n in shares]  # (bytes held, in flight) of each reading
-        for whole in range(round(top_in_flight), math.ceil(top_in_flight / 2) - 1, -1):
-            size = top * top_in_flight / whole
-            # Off by a share of the top reading's, not of the size tried: a larger size is no looser a fit
-            if all(_off_whole(held, size) <= WHOLE_TOLERANCE * top for held, _ in sums):
-                vetoed = self._not_whole is not None and abs(size - self._not_whole) <= WHOLE_TOLERANCE * top
-                fewer = any(round(held / size) < n for held, n in sums)
-                return size if fewer and not vetoed else None
-        return None
+        size = _least_whole(self._shares)
+        return None if size is None or self._vetoed(size) else size
+
+    def _vetoed(self, size: float) -> bool:
+        """Whether an OOM asked for another size than `size` while the readings held whole numbers of it."""
+        top = max(self._shares)[0]
+        return self._not_whole is not None and abs(size - self._not_whole) <= WHOLE_TOLERANCE * top
 
     def _fit_shares(self) -> None:
         """The spread of one request's bytes, from the readings above the mean: a mean of n requests
@@ -763,6 +782,7 @@ class MemoryModel:
         the mean, or past what the window's readings showed one holding where the own count read them
         holding more (`_past_the_readings`). In a mix, a large one failing says nothing new."""
         per_unit = nbytes / max(units, 1e-9)
+        self._named.append((self.samples, per_unit))
         whole = self._whole
         if whole is not None and abs(per_unit - whole) > WHOLE_TOLERANCE * whole:
             # Another size than the readings hold whole numbers of: a mix whose sums fell whole (sizes
@@ -808,13 +828,45 @@ class MemoryModel:
         most = max((share for share, _ in self._shares), default=math.inf)
         return more and not self._routes_weighed and per_unit > (1 + WHOLE_TOLERANCE) * max(most, per_request)
 
+    def _whole_run(self) -> None:
+        """Read as a mix where the requests were of one size lately, for a window of readings or more (a mix
+        may read as one size for a few): where the last `SETTLED_READINGS` readings each hold a whole number
+        of one size (the least, as `_whole_size` finds it), the readings across a change of size made the
+        mix, and the requests are of that size now, as where an OOM named it (`_named_whole`, `_take_whole`).
+        Waiting for that OOM, a mean short of either size let in more than fit, reading after reading."""
+        one_size_at = self._one_size_at
+        if (
+            one_size_at is None
+            or one_size_at - self._one_size_from < WINDOW_READINGS
+            or len(self._shares) < SETTLED_READINGS
+        ):
+            return  # one size for a window of readings before, not a mix that read whole for a while
+        # A request asked for that much at once lately: not all are of less (the least whole size of readings
+        # that catch few of them allocated is a divisor of theirs: 6 of 2.6 GiB where 2 of 7.9 fit; or the
+        # small ones' size of a mix, ten of whose readings caught no large one allocated, or whose sums all
+        # fall whole in it: 1.5 and 6 GiB)
+        size = self._named_lately() or _least_whole(list(self._shares)[-SETTLED_READINGS:])
+        if size is not None and not self._vetoed(size):
+            self._take_whole(size)
+
+    def _named_lately(self) -> float | None:
+        """The most an OOM named a unit asking for in the last `WINDOW_READINGS` readings, or None."""
+        named = self._named
+        while named and self.samples - named[0][0] >= WINDOW_READINGS:
+            named.popleft()
+        return max((nbytes for _, nbytes in named), default=None)
+
     def _named_whole(self, size: float) -> bool:
+        """`_take_whole(size)` for `size`, an allocation an OOM named."""
+        return self._take_whole(size)
+
+    def _take_whole(self, size: float) -> bool:
         """Whether the readings read as a mix end in `SETTLED_READINGS` or more in a row that each hold a
-        whole number of `size`, an allocation an OOM named (none more than `size` a request in flight, some
-        less), where the requests were one size ten readings before those began: requests of the one
-        size `size`, caught before they allocate, after the sizes changed (the readings across the change
-        made a mix, whose mean is short of the size). Then it is their size. Not a mix all along: its
-        sizes may be whole numbers of one another."""
+        whole number of `size` (none more than `size` a request in flight, some less), where the requests
+        were one size ten readings before those began: requests of the one size `size`, caught before they
+        allocate, after the sizes changed (the readings across the change made a mix, whose mean is short
+        of the size). Then it is their size. Not a mix all along: its sizes may be whole numbers of one
+        another."""
         run: list[tuple[float, float]] = []
         for share, n in reversed(self._shares):
             whole = n == round(n) and _off_whole(share * n, size) <= WHOLE_TOLERANCE * size
