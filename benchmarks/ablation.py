@@ -374,7 +374,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # and a mix told through a cost, allocating late, whose first readings alone caught every request allocated;
 # and inputs that shrink by a fifth, allocating two works late, and a mix of routes allocating late, ten of
 # whose readings in a row caught small ones alone allocated, after an OOM had asked for a large one's bytes;
-# and a neighbour that waits for half a card of many, where some of ours admitted into its room ran out.
+# and a neighbour that waits for half a card of many, where some of ours admitted into its room ran out;
+# and a mix of routes allocating late, whose readings hold whole numbers of the size an OOM named.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -402,6 +403,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 90018, "2x"),
     ("late", 7053, "closed-32"),
     ("many", 90055, "2x"),
+    ("late", 56, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);
