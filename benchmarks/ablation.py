@@ -248,6 +248,17 @@ def whole_run_by_the_least() -> AIMD:
     return AIMD(memory=_WholeRunByTheLeast())
 
 
+class _NoShrinkToANamedSize(MemoryModel):
+    def _shrank_to(self, per_unit: float) -> bool:
+        return False
+
+
+def no_shrink_to_a_named_size() -> AIMD:
+    """An OOM soon after a shrink that names less than the size from before teaches nothing till the sizes
+    settle: the size stays where readings that caught requests not allocated yet put it."""
+    return AIMD(memory=_NoShrinkToANamedSize())
+
+
 class _GrowthBySpreads(MemoryModel):
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -351,6 +362,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no named whole size": no_named_whole,
     "no whole run": no_whole_run,
     "whole run by the least size": whole_run_by_the_least,
+    "no shrink to a named size": no_shrink_to_a_named_size,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
@@ -375,7 +387,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # and inputs that shrink by a fifth, allocating two works late, and a mix of routes allocating late, ten of
 # whose readings in a row caught small ones alone allocated, after an OOM had asked for a large one's bytes;
 # and a neighbour that waits for half a card of many, where some of ours admitted into its room ran out;
-# and a mix of routes allocating late, whose readings hold whole numbers of the size an OOM named.
+# and a mix of routes allocating late, whose readings hold whole numbers of the size an OOM named;
+# and inputs that shrink, allocating late, whose readings read the new size short while it settled.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -404,6 +417,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 7053, "closed-32"),
     ("many", 90055, "2x"),
     ("late", 56, "closed-32"),
+    ("late", 7059, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -803,6 +803,27 @@ def test_a_shrink_is_taken_at_the_most_cautious_reading_of_its_pair() -> None:
     assert c.memory.cap() == 6
 
 
+def test_an_oom_soon_after_a_shrink_that_asks_for_less_than_the_size_before_is_the_size_it_shrank_to() -> None:
+    """Inputs shrink from 6 GiB to 2, each allocating late: the readings of the change, two in flight, catch
+    one of them allocated and read a shrink to 1 GiB, sixteen where eight fit. One runs out asking for 2 GiB
+    at once, less than the size before: the shrink was to that. Ignored as long as the sizes had not settled
+    since the change, it let the next ones in at 1 GiB too (`--family late`, seed 7059: 55 OOMs in a minute
+    where 12)."""
+
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=6, levels=(1, 2) + (2,) * 12)
+    for _ in range(4):
+        now_s += 0.1
+        c.oldest_in_flight(now_s - 0.05)
+        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + 2 * 1) * GiB), TOTAL), in_flight=2)
+    assert c.memory.cap() == 16
+    assert not c.allocation_failed(2 * GiB, 1)
+    c.on_oom(now_s=now_s + 0.05, epoch=c.epoch, in_flight=2)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2 * GiB)
+    assert c.memory.cap() == 8
+
+
 def test_an_oom_that_asks_for_the_size_from_before_a_shrink_undoes_it() -> None:
     """After a shrink misread as above, six are let in; one of them, which arrived after the first
     step (by the model of the new size), runs out asking for 3 GiB, the size from before. The shrink
