@@ -1954,15 +1954,10 @@ def test_a_mix_is_sized_by_its_mean_and_tail_not_its_large_requests() -> None:
     assert memory.cap() == 5
 
 
-def test_readings_that_hold_whole_numbers_of_one_size_since_a_shrink_end_the_mix() -> None:
-    """Five 6 GiB requests fit beside 10 GiB; read whole, some caught before they allocate. The inputs shrink
-    to 4 GiB: the readings across the change (old and new in flight) make a mix, and the readings after it,
-    of seven requests catching one to three not allocated yet, held its mean at 3.65 GiB, five where seven
-    fit, till an OOM asked for 4 GiB (`--family late`, seed 90018: 14 OOMs where the reader has none). Ten
-    readings in a row that each hold a whole number of 4 GiB are requests of that size, OOM or not, where the
-    requests were of one size for a window of readings before (a mix may read whole for a while)."""
+def across_a_change_from_six_gib_to_four(memory: MemoryModel) -> float:
+    """Five 6 GiB requests beside 10 GiB on a 40 GiB card, read whole (some caught before they allocate) for
+    a window of readings; then four readings across a change to 4 GiB, old and new in flight. The time after."""
     total = 40 * GiB
-    memory = MemoryModel()
     memory.add(0.0, 0, 10 * GiB, total)
     now_s = 0.0
     for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 4:  # one size for a window of readings
@@ -1972,13 +1967,25 @@ def test_readings_that_hold_whole_numbers_of_one_size_since_a_shrink_end_the_mix
     for old, new in [(3, 2), (2, 3), (1, 4), (1, 5)]:
         now_s += 0.1
         memory.add(now_s, old + new, (10 + 6 * old + 4 * (new - 1)) * GiB, total)
+    return now_s
+
+
+def test_readings_that_hold_whole_numbers_of_one_size_since_a_shrink_end_the_mix() -> None:
+    """Five 6 GiB requests fit beside 10 GiB; read whole, some caught before they allocate. The inputs shrink
+    to 4 GiB: the readings across the change (old and new in flight) make a mix, and the readings after it,
+    of seven requests catching one to three not allocated yet, held its mean at 3.65 GiB, five where seven
+    fit, till an OOM asked for 4 GiB (`--family late`, seed 90018: 14 OOMs where the reader has none). Ten
+    readings in a row that each hold a whole number of 4 GiB are requests of that size, OOM or not, where the
+    requests were of one size for a window of readings before (a mix may read whole for a while)."""
+    memory = MemoryModel()
+    now_s = across_a_change_from_six_gib_to_four(memory)
     shorts = [1, 2, 0, 3, 1, 2, 1, 0, 2, 1]
     for short in shorts[:-1]:
         now_s += 0.1
-        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, total)
+        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, 40 * GiB)
     assert memory.is_mix() and memory.cap() == 5  # nine of them, and one across the change
     now_s += 0.1
-    memory.add(now_s, 7, (10 + 4 * (7 - shorts[-1])) * GiB, total)
+    memory.add(now_s, 7, (10 + 4 * (7 - shorts[-1])) * GiB, 40 * GiB)
     estimate = memory.estimate()
     assert not memory.is_mix() and memory.cap() == 7
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(4 * GiB)
@@ -1990,21 +1997,12 @@ def test_readings_whole_in_a_small_size_after_an_oom_asked_for_a_large_one_stay_
     allocated: whole numbers of 4 GiB. Taken for requests of 4 GiB, the large ones ran out by the dozen
     (`--family late`, seed 7053: 117 OOMs in a minute where 45 without it). A request asked for 12 GiB at
     once: they are not all of 4, and the readings stay a mix till they hold whole numbers of what it asked."""
-    total = 40 * GiB
     memory = MemoryModel()
-    memory.add(0.0, 0, 10 * GiB, total)
-    now_s = 0.0
-    for short in [0, 1, 0, 2, 0, 1, 0, 0, 2, 1] * 4:  # one size for a window of readings
-        now_s += 0.1
-        memory.add(now_s, 5, (10 + 6 * (5 - short)) * GiB, total)
-    assert memory.cap() == 5 and not memory.is_mix()
-    for old, new in [(3, 2), (2, 3), (1, 4), (1, 5)]:
-        now_s += 0.1
-        memory.add(now_s, old + new, (10 + 6 * old + 4 * (new - 1)) * GiB, total)
+    now_s = across_a_change_from_six_gib_to_four(memory)
     assert memory.is_mix() and not memory.learn_size(12 * GiB, 1, now_s)  # a large one of a mix
     for short in [1, 2, 0, 3, 1, 2, 1, 0, 2, 1, 3, 1]:
         now_s += 0.1
-        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, total)
+        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, 40 * GiB)
     assert memory.is_mix() and memory.cap() == 5
 
 
