@@ -256,7 +256,11 @@ class GateCore(CoreSnapshot):
                 self._stale.add(counters.admitted)  # weighed before the weights changed: the slots of then
             if not weights.costs_told:
                 # Its cost: what it weighs before its route's weight, less what it weighs as one from before a shrink.
-                cost = told if told is not None else weights.requests(route, units - heavier) if heavier else requests
+                cost = requests
+                if told is not None:
+                    cost = told
+                elif heavier:
+                    cost = weights.requests(route, units - heavier)
                 if cost != 1:
                     self._costs_told(weights)
             self.requests_by_route[route] = self.requests_by_route.get(route, 0.0) + requests
