@@ -259,6 +259,18 @@ def no_shrink_to_a_named_size() -> AIMD:
     return AIMD(memory=_NoShrinkToANamedSize())
 
 
+class _ShrinkDatedByItsFirstStep(MemoryModel):
+    def _none_from_before(self, in_flight: float, used: float) -> bool:
+        return False
+
+
+def shrink_dated_by_its_first_step() -> AIMD:
+    """The time of a shrink stays when the oldest request read at its first step arrived: a request that
+    joined the line before then weighs the size from before till it is served, though one of them was read
+    at the new size."""
+    return AIMD(memory=_ShrinkDatedByItsFirstStep())
+
+
 class _GrowthBySpreads(MemoryModel):
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -363,6 +375,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no whole run": no_whole_run,
     "whole run by the least size": whole_run_by_the_least,
     "no shrink to a named size": no_shrink_to_a_named_size,
+    "shrink dated by its first step": shrink_dated_by_its_first_step,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
@@ -388,7 +401,9 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # whose readings in a row caught small ones alone allocated, after an OOM had asked for a large one's bytes;
 # and a neighbour that waits for half a card of many, where some of ours admitted into its room ran out;
 # and a mix of routes allocating late, whose readings hold whole numbers of the size an OOM named;
-# and inputs that shrink, allocating late, whose readings read the new size short while it settled.
+# and inputs that shrink, allocating late, whose readings read the new size short while it settled;
+# and inputs that shrink from one request a card to twelve, whose line, served newest first, holds those
+# that came between the change and the first request read at the new size.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -418,6 +433,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("many", 90055, "2x"),
     ("late", 56, "closed-32"),
     ("late", 7059, "2x"),
+    ("many", 120024, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -896,6 +896,39 @@ def test_no_line_is_drawn_through_readings_of_a_request_from_before_the_sizes_sh
         assert c.describe()["memory_model"]["baseline_bytes"] == 8 * GiB
 
 
+def test_a_request_read_at_the_new_size_that_arrived_before_the_shrink_was_read_moves_its_time_back() -> None:
+    """Sizes shrink from 6 GiB to 1; the first requests read at 1 arrived at the time the line is
+    weighed from (`heavier_before`). Those that joined before it may be of 6 and weigh six slots each,
+    so they run one at a time. When one of them runs and a reading shows it holding the new size (the
+    size from before alone is more than all in flight hold), it arrived after the sizes shrank, and so
+    did every request that joined after it. With a line of ten such requests, a closed loop ran one at
+    a time for two seconds where twelve fit (`--family many`, seed 120024: 0.93 of the reader). Not
+    where it holds the old size (read as the others' rise, it reads as one of the new size beside
+    them: told apart by the least the card held idle), nor where it may not have allocated yet (the
+    others hold the new size and it nothing)."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, request_gib=6, levels=(1, 2) + (2,) * 12)
+
+    def read(n: float, held_gib: float, oldest_s: float) -> None:
+        nonlocal now_s
+        now_s += 0.1
+        c.oldest_in_flight(oldest_s)
+        c.on_sample(now_s=now_s, sample=MemorySample(int((8 + held_gib) * GiB), TOTAL), in_flight=n)
+
+    for _ in range(4):
+        read(2, 2, now_s - 0.05)
+    shrunk = c.heavier_before()
+    assert shrunk is not None and shrunk[1] > 5  # the size taken whole: one from before weighs six
+    for _ in range(3):  # one from before, of the old size: read as the others' rise, then as itself
+        read(1, 6, shrunk[0] - 1.0)
+    read(2, 1, shrunk[0] - 0.8)  # one from before, not allocated yet, beside one of the new size
+    assert c.heavier_before() == shrunk
+    read(1, 1, shrunk[0] - 0.5)  # one from before, at the new size
+    moved = c.heavier_before()
+    assert moved is not None and moved[0] == shrunk[0] - 0.5 and moved[1] == shrunk[1]
+
+
 def test_a_shrink_after_the_sizes_grew_back_is_another_shrink() -> None:
     """Sizes shrink from 6 GiB to 3, grow back to 5 (read from the readings: no OOM tells it), and
     shrink to 2.5. The second shrink is no later step of the first: requests that joined the line

@@ -301,6 +301,40 @@ def test_requests_that_joined_the_line_before_the_sizes_shrank_weigh_the_old_siz
     assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
 
 
+def test_where_the_sizes_shrank_earlier_than_believed_the_line_that_joined_since_weighs_its_own_slots() -> None:
+    """The controller moves the time of the shrink back (a request that arrived before it was read
+    at the new size): the waiters that joined since weigh their own slots again, and run beside each
+    other, where each had weighed the old size's slots and ran alone."""
+
+    class Earlier(Fixed):
+        shrunk_s = 2.0
+
+        def heavier_before(self) -> tuple[float, float] | None:
+            return (self.shrunk_s, 4.0)
+
+    controller = Earlier(4)
+    core = GateCore(controller, min_limit=1, max_limit=4, initial_limit=4, max_queue=8, max_retry_after_s=60)
+    running = [core.enter(30.0, 1, None, arrived_s=0.5, now_s=0.5) for _ in range(4)]
+    oldest, later, newest = (core.arrive(30.0, now_s=t) for t in (0.8, 1.2, 1.5))
+    assert isinstance(oldest, Waiter) and isinstance(later, Waiter) and isinstance(newest, Waiter)
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.0)
+    assert (oldest.units, later.units, newest.units) == (4.0, 4.0, 4.0)
+    controller.shrunk_s = 1.0
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 3.1)
+    assert (oldest.units, later.units, newest.units) == (4.0, 1.0, 1.0)
+    tickets = [ticket for ticket in running if ticket is not None]
+    for ticket in tickets:
+        core.release(ticket, 3.2, Outcome.COMPLETED)
+    assert oldest.granted and not later.granted  # four slots of the old size: the whole limit
+    first = core.admitted(3.2, 2.4, *core.granted(oldest)[:1], None, 1, core.granted(oldest)[1])
+    core.release(first, 3.3, Outcome.COMPLETED)
+    assert later.granted and newest.granted  # one slot each: both run at once
+    for waiter, arrived_s in ((later, 1.2), (newest, 1.5)):
+        assert core.granted(waiter) == (1.0, 0.0)
+        core.release(core.admitted(3.3, 3.3 - arrived_s), 3.4, Outcome.COMPLETED)
+    assert core.limiter.in_flight == 0 and core._heavier_in_flight == 0
+
+
 def test_the_reading_that_finds_the_sizes_shrank_weighs_the_line_before_the_limit_rises() -> None:
     """The reading that says the sizes shrank raises the limit as well (a slot is the smaller size
     now). The line's requests from before are weighed at the old size first: granted at one slot by

@@ -301,6 +301,9 @@ class MemoryModel:
         self._since_shrink += 1
         self._since_sizes += 1
         shrunk = self._shrunk
+        oldest_s = self._oldest_s
+        if shrunk is not None and oldest_s is not None and self._none_from_before(in_flight, used):
+            shrunk = self._shrunk = (oldest_s, shrunk[1], shrunk[2])  # it arrived after the sizes shrank
         if self._old_sizes_may_run():
             # A request from before the sizes shrank holds more than the others: no line through them.
             self._changed()
@@ -416,6 +419,19 @@ class MemoryModel:
         """Whether a request that arrived before the sizes shrank may still run (`heavier_before`)."""
         shrunk = self._shrunk
         return shrunk is not None and self._oldest_s is not None and self._oldest_s < shrunk[0]
+
+    def _none_from_before(self, in_flight: float, used: float) -> bool:
+        """Whether a busy reading shows every request in flight holding the new size, the oldest
+        among them too, where the size from before alone is more than the card holds beyond the
+        least it ever held idle: the oldest arrived after the sizes shrank, and so did every request
+        that joined after it. Beyond what the card held idle, not the others' bytes the model holds:
+        one from before, running alone, reads as the others' rise, and ours as of the new size."""
+        shrunk, per_request, others, idle = self._shrunk, self._per_request, self._baseline, self._idle_floor
+        if shrunk is None or per_request is None or others is None or idle is None or in_flight <= 0:
+            return False
+        if not self._old_sizes_may_run():
+            return False  # the oldest in flight arrived after the time the shrink is dated from already
+        return (in_flight - 0.5) * per_request <= used - others and used - idle < shrunk[1] - 0.5 * per_request
 
     def _jumped(self, moved_baseline: float) -> bool:
         """Whether the apparent baseline moved by more than three times its median move: a change of

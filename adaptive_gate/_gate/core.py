@@ -486,8 +486,9 @@ class GateCore(CoreSnapshot):
             return
         before_s, weight = heavier
         reweighed = False
-        for waiter in list(self.limiter.line.joined_before(before_s)):
-            units = units_of_cost(min(MAX_COST, waiter.weighed * weight))
+        for waiter in list(self.limiter.line.joined_before(math.inf)):
+            joined_before = waiter.enqueued_s < before_s
+            units = units_of_cost(min(MAX_COST, waiter.weighed * weight)) if joined_before else waiter.weighed
             if units != waiter.units:
                 waiter.units, reweighed = units, True
         if reweighed:
