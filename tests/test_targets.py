@@ -497,6 +497,16 @@ def test_a_neighbour_that_waits_for_half_a_card_of_many_keeps_what_ours_free_aft
     meets_the_targets_beside_the_reader(scenario, "2x")
 
 
+def test_requests_that_came_between_a_shrink_and_the_first_read_at_the_new_size_run_beside_each_other() -> None:
+    """An unseen draw: requests of 13.4 GiB, one of which fits a 24 GiB card, shrink to 1.2 GiB, twelve fitting.
+    With 32 clients the line is served newest first, and it held the requests that came between the change and
+    the first one read at the new size: each weighed the size from before, and they ran one at a time for two
+    seconds, though the first of them read at the new size as it ran (0.93 of the reader)."""
+    scenario = of_family(120024, "many")
+    assert scenario.name == "shrink-120024" and "about 12 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
 def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_fit() -> None:
     """A quarter of the requests take a route whose requests need 11 GiB where the card has 10.5
     beside the weights: each runs out of memory even alone, a third of its work in. Answered that
