@@ -271,6 +271,18 @@ def shrink_dated_by_its_first_step() -> AIMD:
     return AIMD(memory=_ShrinkDatedByItsFirstStep())
 
 
+class _NamedSizeReadAsAShrink(MemoryModel):
+    def _whole_of_a_named_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
+        return False
+
+
+def named_size_read_as_a_shrink() -> AIMD:
+    """A pair of readings that each hold a whole number of the size an OOM named lately is a shrink all the
+    same, where the model holds the requests at another size (readings that catch requests not allocated yet
+    read as requests that shrank)."""
+    return AIMD(memory=_NamedSizeReadAsAShrink())
+
+
 class _GrowthBySpreads(MemoryModel):
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -376,6 +388,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "whole run by the least size": whole_run_by_the_least,
     "no shrink to a named size": no_shrink_to_a_named_size,
     "shrink dated by its first step": shrink_dated_by_its_first_step,
+    "named size read as a shrink": named_size_read_as_a_shrink,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
@@ -403,7 +416,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # and a mix of routes allocating late, whose readings hold whole numbers of the size an OOM named;
 # and inputs that shrink, allocating late, whose readings read the new size short while it settled;
 # and inputs that shrink from one request a card to twelve, whose line, served newest first, holds those
-# that came between the change and the first request read at the new size.
+# that came between the change and the first request read at the new size; and requests that allocate
+# late, read short while the size is learnt or after a worker's crash, where an OOM named their size.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -434,6 +448,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 56, "closed-32"),
     ("late", 7059, "2x"),
     ("many", 120024, "closed-32"),
+    ("late", 33, "2x"),
+    ("late", 120043, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

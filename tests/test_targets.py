@@ -507,6 +507,16 @@ def test_requests_that_came_between_a_shrink_and_the_first_read_at_the_new_size_
     meets_the_targets_beside_the_reader(scenario, "closed-32")
 
 
+def test_requests_that_allocate_late_after_a_crash_are_read_at_the_size_an_oom_named() -> None:
+    """An unseen draw: requests of 6.1 GiB that allocate up to three works late grow to 17 GiB half-way, ten
+    fitting, then three; an OOM crashes the worker for a second. The growth's OOM named the new size; after
+    the crash, two readings that caught some of the new requests allocated, whole numbers of that size, were
+    taken for a shrink, and the limit went from three to ten: a second OOM."""
+    scenario = of_family(33, "late")
+    assert scenario.name == "growth-33" and "about 10 fit" in scenario.description
+    meets_the_targets_beside_the_reader(scenario, "2x")
+
+
 def test_a_route_whose_every_request_is_too_large_leaves_the_card_to_those_that_fit() -> None:
     """A quarter of the requests take a route whose requests need 11 GiB where the card has 10.5
     beside the weights: each runs out of memory even alone, a third of its work in. Answered that

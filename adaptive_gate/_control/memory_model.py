@@ -85,6 +85,11 @@ def _off_whole(held: float, size: float) -> float:
     return abs(held - round(held / size) * size)
 
 
+def _all_whole(readings: list[tuple[float, float]], floor: float, size: float) -> bool:
+    """Whether each of the (used, in flight) `readings` holds, beside the others' `floor`, a whole number of `size`."""
+    return size > 0 and all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
+
+
 def _least_whole(shares: Sequence[tuple[float, float]]) -> float | None:
     """The least size, no smaller than any of these (share, in flight) readings' shares, of which each
     showed its requests holding a whole number (`WHOLE_TOLERANCE`), one at least fewer than were in
@@ -545,18 +550,28 @@ class MemoryModel:
     def _whole_of_a_known_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
         """Whether each of the (used, in flight) `readings` showed, beside the others' `floor`, a whole
         number of a size an OOM named after such readings had been taken for a shrink (`learn_size`), or
-        else of the size the readings have held whole numbers of for a while (`_settled_whole`), or of
-        the size itself while the sizes are learnt (one size, not a mix: the first ten readings since
+        else of the size the readings have held whole numbers of for a while (`_settled_whole`), or (one
+        size, not a mix) of a size an OOM named lately (`_whole_of_a_named_size`), or of the size itself
+        while the sizes are learnt (the first ten readings since
         they changed, or till four teach a size where the readings caught requests short by different
         numbers): the requests of that size caught before they allocate, again (a shrink falls on whole
         numbers of the size before only by chance, and the next pair that does not takes it)."""
         size = self._late_size or self._settled_whole()
         if size is None and not self.is_mix():
+            if self._whole_of_a_named_size(floor, readings):
+                return True
             learning = not self._sizes_settled() or (self._quantile is None and self._caught_short(floor))
             size = self._per_request if learning else None
-        if size is None:
-            return False
-        return all(_off_whole(used - floor, size) <= WHOLE_TOLERANCE * size for used, _ in readings)
+        return size is not None and _all_whole(readings, floor, size)
+
+    def _whole_of_a_named_size(self, floor: float, readings: list[tuple[float, float]]) -> bool:
+        """Whether each of the (used, in flight) `readings` holds a whole number of the size an OOM named in
+        the last `WINDOW_READINGS` readings: requests of that size caught before they allocate, not a shrink
+        (which falls on whole numbers of it only by chance). Taken for a shrink, such a pair after the
+        worker's crash that followed the OOM of inputs that grew threefold brought the size back down, and
+        the limit from three to ten, where three fit: a second OOM (`--family late`, seed 33)."""
+        named = self._named_lately()
+        return named is not None and _all_whole(readings, floor, named)
 
     def _caught_short(self, floor: float) -> bool:
         """Whether the busy readings since the sizes last changed, before the last pair, caught our
