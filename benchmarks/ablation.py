@@ -283,6 +283,30 @@ def named_size_read_as_a_shrink() -> AIMD:
     return AIMD(memory=_NamedSizeReadAsAShrink())
 
 
+class _CatchesAShrink(MemoryModel):
+    def _pair_share(self, pair: list[tuple[float, float, float]], floor: float) -> float:
+        return math.inf
+
+
+def catches_a_shrink() -> AIMD:
+    """A pair of readings that says our requests hold less is a shrink where no reading just before showed them
+    all at their size, though one held a request's worth more at the pair's share (requests that allocate late,
+    caught with fewer of them allocated)."""
+    return AIMD(memory=_CatchesAShrink())
+
+
+class _OneSizeForAFewReadings(MemoryModel):
+    def _one_size_for_a_window(self) -> bool:
+        return False
+
+
+def one_size_for_a_few_readings() -> AIMD:
+    """An OOM that names another size than the readings hold whole numbers of is a mix whose sums fell whole,
+    however long the readings held one size: where their shares spread, as those of requests allocating late
+    do, the growth it names is never learnt."""
+    return AIMD(memory=_OneSizeForAFewReadings())
+
+
 class _GrowthBySpreads(MemoryModel):
     def _past_the_readings(self, per_unit: float, per_request: float) -> bool:
         return False
@@ -389,6 +413,8 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no shrink to a named size": no_shrink_to_a_named_size,
     "shrink dated by its first step": shrink_dated_by_its_first_step,
     "named size read as a shrink": named_size_read_as_a_shrink,
+    "fewer allocated a shrink": catches_a_shrink,
+    "one size for a few readings": one_size_for_a_few_readings,
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
@@ -417,7 +443,9 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # and inputs that shrink, allocating late, whose readings read the new size short while it settled;
 # and inputs that shrink from one request a card to twelve, whose line, served newest first, holds those
 # that came between the change and the first request read at the new size; and requests that allocate
-# late, read short while the size is learnt or after a worker's crash, where an OOM named their size.
+# late, read short while the size is learnt or after a worker's crash, where an OOM named their size;
+# and requests that allocate late where a pair of readings catches fewer allocated than one before; and
+# inputs that grow threefold, allocating late, whose readings held whole numbers of one size, their shares spread.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
@@ -450,6 +478,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("many", 120024, "closed-32"),
     ("late", 33, "2x"),
     ("late", 120043, "2x"),
+    ("late", 50, "closed-32"),
+    ("late", 7048, "2x"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

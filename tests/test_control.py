@@ -957,6 +957,31 @@ def test_readings_of_whole_numbers_of_a_size_an_oom_named_lately_are_no_shrink()
     assert run((4.4, 4.4)) < 1.0
 
 
+def test_a_pair_that_catches_one_request_fewer_allocated_than_the_readings_just_before_is_no_shrink() -> None:
+    """Nine requests of 2.5 GiB in flight that allocate late: the readings catch eight of them allocated, or
+    seven, never nine, and then a pair catches seven. No reading showed nine at their size, but one just
+    before held a request's worth more at the pair's share: requests caught before they allocate, not a
+    shrink. Taken for one, the size came down a step and a tenth was let in where nine fit (`--family
+    late`, seed 50)."""
+    c = AIMD()
+    bound(c, initial=1)
+    now_s = learned(c, others_gib=1.0, request_gib=2.5, levels=(1, 2, 4, 8))
+    c.on_success(now_s=now_s, latency_s=0.25, concurrency=8, demand=True)
+
+    def read(allocated: int) -> None:
+        nonlocal now_s
+        now_s += 0.1
+        c.on_sample(now_s=now_s, sample=MemorySample(int((1.0 + 2.5 * allocated) * GiB), TOTAL), in_flight=9)
+
+    for allocated in (8, 8, 7, 8):
+        read(allocated)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.5 * GiB, rel=1e-3)
+    read(7)
+    read(7)
+    assert c.describe()["memory_model"]["per_request_bytes"] == pytest.approx(2.5 * GiB, rel=1e-3)
+    assert c.memory.cap() == 9
+
+
 def test_a_shrink_after_the_sizes_grew_back_is_another_shrink() -> None:
     """Sizes shrink from 6 GiB to 3, grow back to 5 (read from the readings: no OOM tells it), and
     shrink to 2.5. The second shrink is no later step of the first: requests that joined the line
