@@ -326,7 +326,8 @@ def test_where_the_sizes_shrank_earlier_than_believed_the_line_that_joined_since
     for ticket in tickets:
         core.release(ticket, 3.2, Outcome.COMPLETED)
     assert oldest.granted and not later.granted  # four slots of the old size: the whole limit
-    first = core.admitted(3.2, 2.4, *core.granted(oldest)[:1], None, 1, core.granted(oldest)[1])
+    units, heavier = core.granted(oldest)
+    first = core.admitted(3.2, 2.4, units, None, 1, heavier)
     core.release(first, 3.3, Outcome.COMPLETED)
     assert later.granted and newest.granted  # one slot each: both run at once
     for waiter, arrived_s in ((later, 1.2), (newest, 1.5)):

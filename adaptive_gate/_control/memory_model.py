@@ -306,9 +306,9 @@ class MemoryModel:
         self._since_shrink += 1
         self._since_sizes += 1
         shrunk = self._shrunk
-        oldest_s = self._oldest_s
-        if shrunk is not None and oldest_s is not None and self._none_from_before(in_flight, used):
-            shrunk = self._shrunk = (oldest_s, shrunk[1], shrunk[2])  # it arrived after the sizes shrank
+        if self._none_from_before(in_flight, used):
+            assert shrunk is not None and self._oldest_s is not None  # as `_old_sizes_may_run` found them
+            shrunk = self._shrunk = (self._oldest_s, shrunk[1], shrunk[2])  # it arrived after the sizes shrank
         if self._old_sizes_may_run():
             # A request from before the sizes shrank holds more than the others: no line through them.
             self._changed()
@@ -432,10 +432,10 @@ class MemoryModel:
         that joined after it. Beyond what the card held idle, not the others' bytes the model holds:
         one from before, running alone, reads as the others' rise, and ours as of the new size."""
         shrunk, per_request, others, idle = self._shrunk, self._per_request, self._baseline, self._idle_floor
-        if shrunk is None or per_request is None or others is None or idle is None or in_flight <= 0:
+        # Not where the oldest in flight arrived after the time the shrink is dated from already
+        if not self._old_sizes_may_run() or per_request is None or others is None or idle is None or in_flight <= 0:
             return False
-        if not self._old_sizes_may_run():
-            return False  # the oldest in flight arrived after the time the shrink is dated from already
+        assert shrunk is not None
         return (in_flight - 0.5) * per_request <= used - others and used - idle < shrunk[1] - 0.5 * per_request
 
     def _jumped(self, moved_baseline: float) -> bool:
@@ -850,7 +850,7 @@ class MemoryModel:
         uniform = est.spread_bytes < MIX_SPREAD * est.per_request_bytes
         # One size until the last readings: the spread they showed is larger ones among the others, and a
         # size beyond a mix's spread of the mean is the inputs that grew.
-        lately = self._one_size_at is not None and self.samples - self._one_size_at <= RELIEF_READINGS
+        lately = self._one_size_lately()
         beyond = 3 * est.spread_bytes if uniform else MIX_SPREAD * est.per_request_bytes
         past = self._past_the_readings(per_unit, est.per_request_bytes)
         grew = settled and (per_unit > est.per_request_bytes + beyond or past)
@@ -873,12 +873,17 @@ class MemoryModel:
         wrong call takes a mix for requests of its large size). Taken for such a mix,
         inputs that grew threefold, allocating late, were never learnt: every OOM after it named the new
         size of a mix's tail, one a second for thirty seconds (`--family late`, seed 7048)."""
+        return self._one_size_lately() and self._one_size_readings() >= 2 * WINDOW_READINGS
+
+    def _one_size_lately(self) -> bool:
+        """Whether the requests were of one size until the last readings (`RELIEF_READINGS`)."""
         one_size_at = self._one_size_at
-        return (
-            one_size_at is not None
-            and self.samples - one_size_at <= RELIEF_READINGS
-            and one_size_at - self._one_size_from >= 2 * WINDOW_READINGS
-        )
+        return one_size_at is not None and self.samples - one_size_at <= RELIEF_READINGS
+
+    def _one_size_readings(self) -> int:
+        """How many readings the last stretch of one size lasted (0: none yet, or ended by an OOM's size)."""
+        one_size_at = self._one_size_at
+        return 0 if one_size_at is None else one_size_at - self._one_size_from
 
     def _shrank_to(self, per_unit: float) -> bool:
         """Whether `per_unit`, an allocation an OOM named soon after a shrink, is short of the size from before
@@ -904,12 +909,7 @@ class MemoryModel:
         of one size (the least, as `_whole_size` finds it), the readings across a change of size made the
         mix, and the requests are of that size now, as where an OOM named it (`_named_whole`, `_take_whole`).
         Waiting for that OOM, a mean short of either size let in more than fit, reading after reading."""
-        one_size_at = self._one_size_at
-        if (
-            one_size_at is None
-            or one_size_at - self._one_size_from < WINDOW_READINGS
-            or len(self._shares) < SETTLED_READINGS
-        ):
+        if self._one_size_readings() < WINDOW_READINGS or len(self._shares) < SETTLED_READINGS:
             return  # one size for a window of readings before, not a mix that read whole for a while
         # A request asked for that much at once lately: not all are of less (the least whole size of readings
         # that catch few of them allocated is a divisor of theirs: 6 of 2.6 GiB where 2 of 7.9 fit; or the
