@@ -235,19 +235,6 @@ def no_whole_run() -> AIMD:
     return AIMD(memory=_NoWholeRun())
 
 
-class _WholeRunByTheLeast(MemoryModel):
-    def _whole_run(self) -> None:
-        self._named.clear()  # read for nothing else
-        super()._whole_run()
-
-
-def whole_run_by_the_least() -> AIMD:
-    """The latest readings that each hold a whole number of one size end a mix at the least such size, even
-    where an OOM lately asked for more at once (readings that catch few of them allocated hold whole numbers
-    of a divisor of the size too, and a mix's sums may all be whole numbers of its small size)."""
-    return AIMD(memory=_WholeRunByTheLeast())
-
-
 class _NoShrinkToANamedSize(MemoryModel):
     def _shrank_to(self, per_unit: float) -> bool:
         return False
@@ -409,7 +396,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no unit seen": no_unit_seen,
     "no named whole size": no_named_whole,
     "no whole run": no_whole_run,
-    "whole run by the least size": whole_run_by_the_least,
     "no shrink to a named size": no_shrink_to_a_named_size,
     "shrink dated by its first step": shrink_dated_by_its_first_step,
     "named size read as a shrink": named_size_read_as_a_shrink,
@@ -465,6 +451,7 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("readings", 81005, "2x"),
     ("units", 2, "2x"),
     ("whole-costs", 3, "closed-32"),
+    ("whole-costs", 44, "closed-32"),
     ("late", 40, "2x"),
     ("late", 17, "closed-32"),
     ("late", 13, "closed-32"),

@@ -2077,21 +2077,6 @@ def test_readings_that_hold_whole_numbers_of_one_size_since_a_shrink_end_the_mix
     assert estimate is not None and estimate.per_request_bytes == pytest.approx(4 * GiB)
 
 
-def test_readings_whole_in_a_small_size_after_an_oom_asked_for_a_large_one_stay_a_mix() -> None:
-    """Five 6 GiB requests fit beside 10 GiB, read whole. Then a mix comes, 4 GiB and 12 GiB requests, each
-    allocating late, and an OOM asks for 12 GiB; the next ten readings happen to catch small ones alone
-    allocated: whole numbers of 4 GiB. Taken for requests of 4 GiB, the large ones ran out by the dozen
-    (`--family late`, seed 7053: 117 OOMs in a minute where 45 without it). A request asked for 12 GiB at
-    once: they are not all of 4, and the readings stay a mix till they hold whole numbers of what it asked."""
-    memory = MemoryModel()
-    now_s = across_a_change_from_six_gib_to_four(memory)
-    assert memory.is_mix() and not memory.learn_size(12 * GiB, 1, now_s)  # a large one of a mix
-    for short in [1, 2, 0, 3, 1, 2, 1, 0, 2, 1, 3, 1]:
-        now_s += 0.1
-        memory.add(now_s, 7, (10 + 4 * (7 - short)) * GiB, 40 * GiB)
-    assert memory.is_mix() and memory.cap() == 5
-
-
 def test_a_mix_all_along_is_not_taken_for_the_size_an_oom_names() -> None:
     """Requests of 2 and 6 GiB on two routes told nothing, a mix from the first readings. Then twelve readings
     catch the large ones before they allocate: each holds a whole number of 2 GiB, no more than 2 GiB a

@@ -46,7 +46,7 @@ NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading m
 # an allocator hands out blocks, not bytes (a model read exactly at a reading must not read a fall there).
 READING_GRAIN_BYTES = 2**20
 WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
-MAX_NAMED = 64  # OOMs' named sizes kept for `_whole_run` (the latest, where more came within the window)
+MAX_NAMED = 64  # OOMs' named sizes kept for `_whole_of_a_named_size` (the latest, where more came within the window)
 # How far one reading moves the requests' mean: up twice as fast as down, as readings below are as
 # often requests not allocated yet as small ones.
 SHARE_UP, SHARE_DOWN = 0.2, 0.1
@@ -911,11 +911,7 @@ class MemoryModel:
         Waiting for that OOM, a mean short of either size let in more than fit, reading after reading."""
         if self._one_size_readings() < WINDOW_READINGS or len(self._shares) < SETTLED_READINGS:
             return  # one size for a window of readings before, not a mix that read whole for a while
-        # A request asked for that much at once lately: not all are of less (the least whole size of readings
-        # that catch few of them allocated is a divisor of theirs: 6 of 2.6 GiB where 2 of 7.9 fit; or the
-        # small ones' size of a mix, ten of whose readings caught no large one allocated, or whose sums all
-        # fall whole in it: 1.5 and 6 GiB)
-        size = self._named_lately() or _least_whole(list(self._shares)[-SETTLED_READINGS:])
+        size = _least_whole(list(self._shares)[-SETTLED_READINGS:])
         if size is not None and not self._vetoed(size):
             self._take_whole(size)
 
