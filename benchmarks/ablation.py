@@ -235,6 +235,18 @@ def no_whole_run() -> AIMD:
     return AIMD(memory=_NoWholeRun())
 
 
+class _ShortOnlyWhileLearnt(MemoryModel):
+    def _caught_short(self, floor: float) -> bool:
+        return self._quantile is None and super()._caught_short(floor)
+
+
+def short_only_while_learnt() -> AIMD:
+    """Pairs of readings whole in the size, one short, are no shrink where the readings caught requests short
+    by different numbers only till four readings have taught a size (the quantile): after that, such a pair is a
+    shrink."""
+    return AIMD(memory=_ShortOnlyWhileLearnt())
+
+
 class _NoShrinkToANamedSize(MemoryModel):
     def _shrank_to(self, per_unit: float) -> bool:
         return False
@@ -397,6 +409,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "no named whole size": no_named_whole,
     "no whole run": no_whole_run,
     "no shrink to a named size": no_shrink_to_a_named_size,
+    "short only while learnt": short_only_while_learnt,
     "shrink dated by its first step": shrink_dated_by_its_first_step,
     "named size read as a shrink": named_size_read_as_a_shrink,
     "fewer allocated a shrink": catches_a_shrink,
@@ -467,6 +480,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 120043, "2x"),
     ("late", 50, "closed-32"),
     ("late", 7048, "2x"),
+    ("late", 31, "2x"),
+    ("late", 55, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

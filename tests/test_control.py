@@ -1988,6 +1988,41 @@ def test_readings_of_whole_requests_one_short_before_four_have_taught_a_size_are
     assert memory.cap() == 6
 
 
+def test_readings_of_whole_requests_one_short_as_the_sizes_settle_are_no_shrink() -> None:
+    """Five 3 GiB requests fit beside 8 GiB of weights on a 24 GiB card; each allocates a while after its
+    admission. One reading catches all five allocated, the others four of five, then three: short by
+    different numbers, requests caught before they allocate. The pair that came as the sizes settled (the
+    tenth reading since they changed), four of five twice, was taken for a shrink to 2.4 GiB once four
+    readings had taught a size, and a sixth was let in: one OOM a second into `late-start` (seed 8, with 32
+    clients), where the reader has none. Whole requests, at any time the readings caught them short so."""
+    total = 24 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    allocated = [(1, 1), (2, 2), (4, 4), (5, 4), (5, 5), (5, 4), (5, 4), (5, 4), (5, 4), (5, 4), (5, 3)]
+    for i, (in_flight, held) in enumerate(allocated):
+        memory.add(0.1 * (i + 1), in_flight, (8 + 3 * held) * GiB, total)
+    estimate = memory.estimate()
+    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    assert memory.cap() == 5
+
+
+def test_readings_one_short_from_a_change_on_are_a_shrink_however_short_they_read_before() -> None:
+    """Two 6 GiB requests fit beside 8 GiB of weights; one early reading caught one of them not allocated yet.
+    Then the inputs shrink to 3 GiB: two in flight hold 6 GiB, one request of the size before, reading after
+    reading. Short by none for forty readings, then by one from the change on: a shrink, not requests caught
+    before they allocate (which are caught short by fewer again now and then). Taken for those, the limit stayed
+    at two where five fit (`shrink`, 32 clients: 0.95 of the reader where 0.99)."""
+    total = 24 * GiB
+    memory = MemoryModel()
+    memory.add(0.0, 0, 8 * GiB, total)
+    now_s = 0.0
+    for in_flight, held in [(1, 1), (2, 2), (2, 1)] + [(2, 2)] * 40 + [(2, 1)] * 18:
+        now_s += 0.1
+        memory.served(0.1)
+        memory.add(now_s, in_flight, (8 + 6 * held) * GiB, total)
+    assert memory.cap() == 5
+
+
 def test_requests_that_shrank_to_whole_numbers_of_the_size_before_and_read_steady_are_a_shrink() -> None:
     """Requests of 3.5 GiB shrink: a first pair of readings moves the size a step down, to 3.12 GiB,
     and four in flight then hold what three of 3.12 GiB would, reading after reading. Whole numbers of

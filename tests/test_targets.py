@@ -49,10 +49,6 @@ FLOORS = {
 }
 MIX_WITHOUT_COST = {"mixed"}
 MIX_OOM_SHARE = 0.08  # of a mix's requests served, at most, where the gate has to learn it is one
-# Requests that allocate a while after their admission: the first readings, through which a line puts a
-# request below its size, let one more in (the limitations in docs/benchmarks.md): one OOM beyond the target;
-# where they decode for longer than they run, a shrink read in them before an OOM named the size, a second.
-LEARNING_OOMS = {"late-start": 1, "decode-first": 2}
 CASES = [(name, load) for name, loads in PLAN.items() for load in loads]
 
 
@@ -65,15 +61,15 @@ def changes(name: str) -> int:
     return len(SCENARIOS[name].phases) - 1
 
 
-def beside_the_reader(scenario: Scenario, load: str) -> tuple[SimulationResult, SimulationResult]:
+def beside_the_reader(scenario: Scenario, load: str, seed: int = 1) -> tuple[SimulationResult, SimulationResult]:
     """One run of the gate (`AIMD`, told the scenario's `cost` where it has one) and one of the reader."""
-    ours = one_run(scenario, AIMD(), load, DURATION_S, 1, cost=scenario.cost)
-    return ours, reader_run(scenario, load, DURATION_S, 1)
+    ours = one_run(scenario, AIMD(), load, DURATION_S, seed, cost=scenario.cost)
+    return ours, reader_run(scenario, load, DURATION_S, seed)
 
 
-def meets_the_targets_beside_the_reader(scenario: Scenario, load: str) -> None:
+def meets_the_targets_beside_the_reader(scenario: Scenario, load: str, seed: int = 1) -> None:
     """At most the reader's OOMs and one per change of the card, and 0.95 of what the reader serves."""
-    ours, reader = beside_the_reader(scenario, load)
+    ours, reader = beside_the_reader(scenario, load, seed)
     assert ours.ooms <= reader.ooms + len(scenario.phases) - 1, ours.oom_times_s
     assert ours.goodput_per_s() >= 0.95 * reader.goodput_per_s()
 
@@ -98,7 +94,7 @@ def test_at_most_the_readers_ooms_and_one_per_change_of_the_card(name: str, load
         served = by_policy["adaptive"].goodput_per_s * DURATION_S
         assert figures["adaptive_ooms"] <= MIX_OOM_SHARE * served, figures
     else:
-        allowed = figures["reader_ooms"] + changes(name) + LEARNING_OOMS.get(name, 0)
+        allowed = figures["reader_ooms"] + changes(name)
         assert figures["adaptive_ooms"] <= allowed, figures
 
 
@@ -525,6 +521,13 @@ def test_requests_that_allocate_late_caught_with_one_fewer_allocated_are_no_shri
     scenario = of_family(50, "late")
     assert scenario.name == "classic-50" and "about 9 fit" in scenario.description
     meets_the_targets_beside_the_reader(scenario, "closed-32")
+
+
+def test_requests_that_allocate_late_caught_one_short_as_their_sizes_settle_are_no_shrink() -> None:
+    """`late-start` with other arrivals (seed 8): the readings that came as the sizes settled caught four of five
+    allocated twice, after one of all five; taken for a shrink to 2.4 GiB, a sixth was let in and ran out a
+    second into the run, where the reader has no OOM."""
+    meets_the_targets_beside_the_reader(SCENARIOS["late-start"], "closed-32", seed=8)
 
 
 def test_inputs_that_grow_allocating_late_are_learnt_from_the_oom_though_their_readings_spread() -> None:
