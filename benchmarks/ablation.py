@@ -121,19 +121,8 @@ def any_pair_shrinks() -> AIMD:
 
 
 class _QuarterSteps(MemoryModel):
-    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
+    def _shrink_confirmed(self, last_step: int | None) -> bool:
         return False
-
-
-class _WholeStepsOnAFullCard(MemoryModel):
-    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
-        return super()._shrink_confirmed(0.0, last_step)  # as if the card had room
-
-
-def whole_steps_on_a_full_card() -> AIMD:
-    """A shrink the next pair of readings confirms is taken whole on a full card too, where requests
-    that hold nothing are those that failed to allocate, their OOMs not told yet."""
-    return AIMD(memory=_WholeStepsOnAFullCard())
 
 
 def quarter_steps() -> AIMD:
@@ -398,7 +387,6 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "refills on a full card": _RefillsOnAFullCard,
     "any pair a shrink": any_pair_shrinks,
     "a quarter a step": quarter_steps,
-    "whole steps on a full card": whole_steps_on_a_full_card,
     "mean size": mean_size,
     "named size kept across weights": named_size_kept,
     "own count against the swing": own_count_against_the_swing,
@@ -482,6 +470,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 7048, "2x"),
     ("late", 31, "2x"),
     ("late", 55, "closed-32"),
+    ("late", 29, "closed-32"),
+    ("late", 120053, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

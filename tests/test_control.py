@@ -860,24 +860,6 @@ def test_an_oom_of_a_request_from_before_a_shrink_leaves_it() -> None:
     assert c.heavier_before() is not None
 
 
-def test_on_a_full_card_requests_that_hold_less_are_believed_a_quarter_at_a_time() -> None:
-    """Four 4 GiB requests fill the card beside 8 GiB of others; then five in flight read at the full
-    card, six readings in a row: the fifth holds nothing, because it failed to allocate and its OOM
-    is not told yet (a neighbour that came to a full card took its room). Read as requests that
-    shrank, a whole step let in another that failed in turn; on a full card each pair moves the size
-    a quarter of the way, as a first step does."""
-    c = AIMD()
-    bound(c, initial=1)
-    now_s = learned(c, request_gib=4, levels=(1, 2, 4) + (4,) * 12)
-    assert c.memory.cap() == 4
-    for _ in range(6):
-        now_s += 0.1
-        c.oldest_in_flight(now_s - 0.05)
-        c.on_sample(now_s=now_s, sample=MemorySample(TOTAL, TOTAL), in_flight=5)
-    assert c.describe()["memory_model"]["per_request_bytes"] > 3.4 * GiB  # taken whole: 3.2
-    assert c.memory.cap() == 4
-
-
 def test_no_line_is_drawn_through_readings_of_a_request_from_before_the_sizes_shrank() -> None:
     """After the sizes shrank from 6 GiB to 3, one request of 6 that joined the line before runs
     beside two, three or four of the new ones. A line through those readings puts the others at

@@ -507,7 +507,7 @@ class MemoryModel:
             before = self._per_request if self._sizes_settled() else None
             mix = self.is_mix()  # a mix's small ones read together: no size from before to weigh
             last_step, self._shrink_step_at = self._shrink_step_at, self.samples
-            confirmed = self._shrink_confirmed(used, last_step)
+            confirmed = self._shrink_confirmed(last_step)
             whole = confirmed and shrunk is not None and not mix and not self._old_sizes_may_run()
             self._sizes_changed()
             if shrunk is not None and (before is None or before <= (1 + MIX_SPREAD) * shrunk[2]):
@@ -526,14 +526,10 @@ class MemoryModel:
             self._size_before, self._shrunk = before, shrunk  # the least size read since: at each reading
             self._add_share(share, read_in_flight)
 
-    def _shrink_confirmed(self, used: float, last_step: int | None) -> bool:
+    def _shrink_confirmed(self, last_step: int | None) -> bool:
         """Whether this step of a shrink comes at the very next pair of readings after the last (at
-        reading `last_step`), on a card with room for one more request of the size before: then it is
-        taken whole, not a quarter of the way. Not without it, where requests that hold nothing may be
-        those that failed to allocate."""
-        assert self._per_request is not None
-        roomy = self._total_bytes - used >= self._per_request
-        return roomy and last_step is not None and self.samples - last_step <= RELIEF_READINGS
+        reading `last_step`): then it is taken whole, not a quarter of the way."""
+        return last_step is not None and self.samples - last_step <= RELIEF_READINGS
 
     def _others_floor(self, relieved: float, reads: list[float]) -> float:
         """The least the others may hold after a fall to `relieved`, `reads` their bytes by the own count
