@@ -432,7 +432,10 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
 # that came between the change and the first request read at the new size; and requests that allocate
 # late, read short while the size is learnt or after a worker's crash, where an OOM named their size;
 # and requests that allocate late where a pair of readings catches fewer allocated than one before; and
-# inputs that grow threefold, allocating late, whose readings held whole numbers of one size, their shares spread.
+# inputs that grow threefold, allocating late, whose readings held whole numbers of one size, their shares spread;
+# and a large route told a whole cost under its bytes, allocating late, whose mix an OOM's named size ends; and
+# requests that allocate late, caught short by different numbers after four readings taught their size; and inputs
+# that shrink, allocating late, where an OOM asks for the size from before the shrink the readings passed for.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),

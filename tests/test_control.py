@@ -1918,14 +1918,22 @@ def test_requests_that_mostly_hold_nothing_yet_are_read_as_whole_requests_not_a_
 
 
 def read_whole_requests(
-    readings: list[tuple[int, int]], *, weights_gib: float, size_gib: float, total: int
+    readings: list[tuple[int, int]],
+    *,
+    weights_gib: float,
+    size_gib: float,
+    total: int,
+    latency_s: float | None = None,
 ) -> tuple[MemoryModel, MemoryEstimate]:
     """A model that read the card idle with `weights_gib` of weights, then, 0.1 s apart, each of the
     (in flight, allocated) `readings`: so many requests in flight, so many of them holding `size_gib`
-    and the rest nothing yet. The model and its estimate after the last."""
+    and the rest nothing yet; where `latency_s` is given, a request served in that long before each.
+    The model and its estimate after the last."""
     memory = MemoryModel()
     memory.add(0.0, 0, int(weights_gib * GiB), total)
     for i, (in_flight, allocated) in enumerate(readings):
+        if latency_s is not None:
+            memory.served(latency_s)
         memory.add(0.1 * (i + 1), in_flight, int((weights_gib + size_gib * allocated) * GiB), total)
     estimate = memory.estimate()
     assert estimate is not None
@@ -1977,14 +1985,9 @@ def test_readings_of_whole_requests_one_short_as_the_sizes_settle_are_no_shrink(
     tenth reading since they changed), four of five twice, was taken for a shrink to 2.4 GiB once four
     readings had taught a size, and a sixth was let in: one OOM a second into `late-start` (seed 8, with 32
     clients), where the reader has none. Whole requests, at any time the readings caught them short so."""
-    total = 24 * GiB
-    memory = MemoryModel()
-    memory.add(0.0, 0, 8 * GiB, total)
-    allocated = [(1, 1), (2, 2), (4, 4), (5, 4), (5, 5), (5, 4), (5, 4), (5, 4), (5, 4), (5, 4), (5, 3)]
-    for i, (in_flight, held) in enumerate(allocated):
-        memory.add(0.1 * (i + 1), in_flight, (8 + 3 * held) * GiB, total)
-    estimate = memory.estimate()
-    assert estimate is not None and estimate.per_request_bytes == pytest.approx(3 * GiB)
+    readings = [(1, 1), (2, 2), (4, 4), (5, 4), (5, 5), (5, 4), (5, 4), (5, 4), (5, 4), (5, 4), (5, 3)]
+    memory, estimate = read_whole_requests(readings, weights_gib=8, size_gib=3, total=24 * GiB)
+    assert estimate.per_request_bytes == pytest.approx(3 * GiB)
     assert memory.cap() == 5
 
 
@@ -1994,14 +1997,8 @@ def test_readings_one_short_from_a_change_on_are_a_shrink_however_short_they_rea
     reading. Short by none for forty readings, then by one from the change on: a shrink, not requests caught
     before they allocate (which are caught short by fewer again now and then). Taken for those, the limit stayed
     at two where five fit (`shrink`, 32 clients: 0.95 of the reader where 0.99)."""
-    total = 24 * GiB
-    memory = MemoryModel()
-    memory.add(0.0, 0, 8 * GiB, total)
-    now_s = 0.0
-    for in_flight, held in [(1, 1), (2, 2), (2, 1)] + [(2, 2)] * 40 + [(2, 1)] * 18:
-        now_s += 0.1
-        memory.served(0.1)
-        memory.add(now_s, in_flight, (8 + 6 * held) * GiB, total)
+    readings = [(1, 1), (2, 2), (2, 1)] + [(2, 2)] * 40 + [(2, 1)] * 18
+    memory, _ = read_whole_requests(readings, weights_gib=8, size_gib=6, total=24 * GiB, latency_s=0.1)
     assert memory.cap() == 5
 
 

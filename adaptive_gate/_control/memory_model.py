@@ -552,9 +552,7 @@ class MemoryModel:
         while the sizes are learnt (the first ten readings since they changed) or where the readings since
         caught requests short by different numbers (`_caught_short`): the requests of that size caught
         before they allocate, again (a shrink falls on whole numbers of the size before only by chance, and
-        the next pair that does not takes it). Not only till four readings teach a size: the pair that came
-        as the sizes settled, four of five allocated twice after a reading of all five, took 3 GiB requests
-        for 2.4 GiB ones, a sixth let in (one OOM a second into `late-start`, seed 8, with 32 clients)."""
+        the next pair that does not takes it)."""
         size = self._late_size or self._settled_whole()
         if size is None and not self.is_mix():
             if self._whole_of_a_named_size(floor, readings):
@@ -576,9 +574,11 @@ class MemoryModel:
         """Whether the busy readings since the sizes last changed, before the last pair, caught our
         requests (beside the others' `floor`) short of the size by different whole numbers, some by one
         at least: requests caught before they allocate, more of them at some readings than at others.
-        Requests that shrank to whole numbers of the size before stay as short, reading after reading:
-        once four readings have taught a size, one of the readings must be fewer short than the one
-        before (short by none, then by one from the change on is a shrink: `shrink`, with 32 clients,
+        Also once four readings have taught a size: the pair that came as the sizes settled, four of five
+        allocated twice after a reading of all five, took 3 GiB requests for 2.4 GiB ones, and a sixth let
+        in ran out (`late-start`, seed 8, with 32 clients). Requests that shrank to whole numbers of the
+        size before stay as short, reading after reading: then one of the readings must be fewer short
+        than the one before (short by none, then by one from the change on is a shrink: `shrink`, with 32 clients,
         0.95 of the reader where 0.99, were the step taken for requests caught short). Not before: the
         first readings catch more short one after another as requests arrive (`--family late`, seed
         7028, with 32 clients: an OOM more, 0.96 of the reader where 0.99)."""
