@@ -52,7 +52,7 @@ from ._batch.batching import Assembly, BatchStatistics, Entry, check_options, ch
 from ._batch.call import Call, run_to_end
 from ._batch.gate import BatchCapacity
 from ._batch.policy import BatchPolicy
-from ._batch.probe import BatchProbe
+from ._batch.probe import BatchProbe, CardReader
 from .oom import is_oom
 from .probes import Probe
 
@@ -301,6 +301,10 @@ class Batched(Generic[T, R]):
     def capacity(self) -> int:
         """Items worth admitting at once: the batch that runs and the next one filling."""
         return 2 * self._batch_size()
+
+    def read_through(self, reader: CardReader) -> None:
+        """Read the card through the gate's sampler (the gate calls it with `gate_controller()`)."""
+        self._probe.read_through(reader)
 
     def gate_controller(self) -> BatchCapacity:
         """A controller for the `AdaptiveGate` in front: its limit is `capacity()`, so batches form."""

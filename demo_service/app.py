@@ -128,9 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="adaptive-gate demo", lifespan=lifespan)
-    # The batcher reads the same probe as the gate (on the CPU, the simulated card).
-    batcher_probe = None if isinstance(probe, str) else probe
-    batched = batched_classifier(app, batcher_probe) if batching_on(settings.batching, device) else None
+    # Behind the adaptive gate the batcher reads the card through the gate's sampler; behind the
+    # others it reads the same probe itself (on the CPU, the simulated card).
+    batched = batched_classifier(app, probe) if batching_on(settings.batching, device) else None
     if policy == "adaptive":
         # A batch may hold max_files files of max_file_bytes each (plus the form's own bytes): the
         # gate reads a body whole before it may take a slot, so it must allow that much.

@@ -32,7 +32,10 @@ def batching_on(setting: str, device: torch.device) -> bool:
     return device.type == "cuda" if setting == "auto" else setting == "on"
 
 
-def batched_classifier(app: FastAPI, probe: Probe | None) -> Batched[torch.Tensor, tuple[list[Prediction], float, int]]:
+Classified = tuple[list[Prediction], float, int]  # top-5, the batch's inference ms, the batch's size
+
+
+def batched_classifier(app: FastAPI, probe: Probe | str | None) -> Batched[torch.Tensor, Classified]:
     """Images in, (top-5, the batch's inference ms, the batch's size) out, one per image."""
 
     @batch(probe=probe, max_wait_s=MAX_WAIT_S)
@@ -46,7 +49,7 @@ def batched_classifier(app: FastAPI, probe: Probe | None) -> Batched[torch.Tenso
 
 def add_batched_predict(
     app: FastAPI,
-    batched: Batched[torch.Tensor, tuple[list[Prediction], float, int]],
+    batched: Batched[torch.Tensor, Classified],
     *,
     read: Any,
     max_file_bytes: int,

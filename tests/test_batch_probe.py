@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
+from typing import Any
 
 import anyio
+import httpx
 import pytest
+from asgi_lifespan import LifespanManager
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from adaptive_gate import batch
+from adaptive_gate import AdaptiveGate, MemorySample, batch
 from adaptive_gate._batch import probe as _batch_probe
 from adaptive_gate.testing import SimulatedGPU
 
 pytestmark = pytest.mark.anyio
 
-GiB = 2**30
+MiB, GiB = 2**20, 2**30
 THREAD_NAMES = ("adaptive-gate-probe", "adaptive-gate-batch-peak")
 
 
@@ -66,3 +74,112 @@ async def test_a_batched_function_collected_ends_its_threads() -> None:
     for thread in threads:
         thread.join(10)
         assert not thread.is_alive(), f"{thread.name} outlived its batched function"
+
+
+# -- behind a gate: one view of the card ------------------------------------------------------------
+
+
+class ThreadsThatRead:
+    """A probe that records the thread of each reading (and fails where told to)."""
+
+    def __init__(self, gpu: SimulatedGPU, *, fails: bool = False) -> None:
+        self.gpu = gpu
+        self.fails = fails
+        self.threads: list[tuple[str, int | None]] = []
+
+    def sample(self) -> MemorySample:
+        thread = threading.current_thread()
+        self.threads.append((thread.name, thread.ident))
+        if self.fails:
+            raise RuntimeError("NVML: GPU is lost")
+        return self.gpu.sample()
+
+
+def gated_batcher(probe: object, gpu: SimulatedGPU, *, batcher_probe: object = "auto") -> tuple[Any, Any]:
+    """A batcher behind a gate on one route; a batch of n holds 100 MiB + n * 100 MiB for 10 ms."""
+    sizes: list[int] = []
+
+    @batch(max_wait_s=0.02, probe=batcher_probe)  # type: ignore[arg-type]
+    def run(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        with gpu.allocate(100 * MiB * (1 + len(items))):
+            time.sleep(0.01)
+        return [x + 1 for x in items]
+
+    async def predict(request: Request) -> JSONResponse:
+        return JSONResponse({"y": await run(int(request.query_params["x"]))})
+
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"])])
+    gate = AdaptiveGate(app, tag=None, probe=probe, controller=run.gate_controller(), max_limit=64)
+    run.sizes = sizes  # type: ignore[attr-defined]
+    return gate, run
+
+
+async def post_rounds(client: httpx.AsyncClient, rounds: int, n: int = 32) -> None:
+    async def one(x: int, answers: list[int]) -> None:
+        response = await client.post(f"/predict?x={x}")
+        answers.append(response.json()["y"])
+
+    for _ in range(rounds):
+        answers: list[int] = []
+        async with anyio.create_task_group() as tg:
+            for x in range(n):
+                tg.start_soon(one, x, answers)
+        assert sorted(answers) == list(range(1, n + 1))
+
+
+async def test_behind_a_gate_the_batcher_reads_the_card_through_the_gates_sampler() -> None:
+    # 2 GiB card, 200 MiB taken: about 16 items fit alone, 6 beside a 1 GiB neighbour.
+    gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
+    probe = ThreadsThatRead(gpu)
+    gate, run = gated_batcher(probe, gpu)
+    async with (
+        LifespanManager(gate),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
+    ):
+        await post_rounds(client, 8)
+        alone = max(run.sizes[-10:])
+        gpu.set_neighbour(1 * GiB)
+        await post_rounds(client, 4)
+        beside = max(run.sizes[-10:])
+        gpu.set_neighbour(0)
+        await post_rounds(client, 4)
+        after = max(run.sizes[-10:])
+        status = (await client.get("/gate/status")).json()
+    assert 14 <= alone <= 16 and beside <= 6 and after >= 14
+    assert gpu.oom_count == 0  # the gate's reading before each batch saw the neighbour come and go
+    stats = run.statistics()
+    assert stats.probe == status["controller"]["batching"]["probe"] == "probe: the gate's sampler"
+    assert gate.ops.readings >= stats.batches  # a reading of the gate's before each batch
+    readers = {ident for name, ident in probe.threads if name == "adaptive-gate-probe"}
+    assert len(readers) == 1, "the card was read by a probe thread of the batcher's beside the gate's sampler"
+    assert {name for name, _ in probe.threads} <= {"adaptive-gate-probe", "adaptive-gate-batch-peak"}
+
+
+async def test_the_batcher_asks_nothing_of_a_failing_gate_probe_while_the_sampler_backs_off() -> None:
+    gpu = SimulatedGPU(2 * GiB)
+    probe = ThreadsThatRead(gpu, fails=True)
+    gate, run = gated_batcher(probe, gpu)
+    async with (
+        LifespanManager(gate),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
+    ):
+        for x in range(40):  # one batch each
+            assert (await client.post(f"/predict?x={x}")).json() == {"y": x + 1}
+        status = (await client.get("/gate/status")).json()
+    assert run.statistics().batches == 40
+    assert status["probe"]["consecutive_errors"] >= 1
+    assert len(probe.threads) < 15, f"{len(probe.threads)} readings of a failing probe for 40 batches"
+
+
+def test_a_batcher_with_a_probe_of_its_own_behind_a_gate_that_reads_another_is_refused() -> None:
+    gpu, other = SimulatedGPU(GiB), SimulatedGPU(GiB)
+    for gate_probe in (gpu, "auto"):
+        with pytest.raises(ValueError, match=r"two views of one card\. Give the probe to the gate alone"):
+            gated_batcher(gate_probe, gpu, batcher_probe=other)
+    _, same = gated_batcher(gpu, gpu, batcher_probe=gpu)  # the gate's own probe: one view
+    assert same.statistics().probe == "probe: the gate's sampler"
+    _, told_none = gated_batcher(gpu, gpu, batcher_probe=None)  # as it was told: no readings
+    assert told_none.statistics().probe.startswith("probe: none")
+    _, alone = gated_batcher(None, gpu, batcher_probe=other)  # the gate reads nothing: the batcher's own
+    assert alone.statistics().probe == f"probe: {other!r}"

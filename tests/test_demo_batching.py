@@ -38,6 +38,7 @@ async def test_predict_with_batching_on_answers_each_caller_and_the_gate_shows_t
         assert len(body["top5"]) == 5 and body["batch_size"] >= 1 and body["inference_ms"] > 0
     assert bad.status_code == 400  # decoded before the batch: a bad file fails alone
     assert status["controller"]["batching"]["items"] == 8
+    assert status["controller"]["batching"]["probe"] == "probe: the gate's sampler"  # one view of the card
 
 
 def test_batching_is_on_for_cuda_and_off_on_the_cpu_by_default() -> None:

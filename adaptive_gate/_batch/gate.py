@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..memory import MemorySample
 from .batching import BatchStatistics
+from .probe import CardReader
 
 __all__ = ["BatchCapacity"]
 
@@ -25,6 +26,8 @@ class Batcher(Protocol):
     def capacity(self) -> int: ...
 
     def statistics(self) -> BatchStatistics: ...
+
+    def read_through(self, reader: CardReader) -> None: ...
 
 
 class BatchCapacity:
@@ -53,6 +56,10 @@ class BatchCapacity:
             raise RuntimeError("this controller is already used by another gate with other bounds; give each its own")
         self.min_limit, self.max_limit, self._bound = min_limit, max_limit, True
 
+    def read_through(self, reader: CardReader) -> None:
+        """The gate hands over its sampler: the batcher reads the card through it (`BatchProbe`)."""
+        self._batched.read_through(reader)
+
     def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
         pass  # the batcher learns from its own batches; the limit is read from it
 
@@ -75,5 +82,6 @@ class BatchCapacity:
             "ooms": stats.ooms,
             "failed_items": stats.failed_items,
             "wait_added_ms_mean": None if wait_s is None else round(wait_s * 1000, 3),
+            "probe": stats.probe,
         }
         return {"controller": "batch_capacity", "bound": "batcher", "batching": batching}

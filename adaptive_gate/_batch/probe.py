@@ -1,22 +1,27 @@
 """The batcher's readings: one before each batch (what the card holds without it), and the highest
 one while it runs (what it added). Both off the event loop.
 
-The reading before a batch goes through the sampler's `ProbeThread` (its own daemon thread, under a
-timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
+Behind a gate (`controller=batched.gate_controller()`), the reading before a batch is the gate's:
+its sampler takes one at the batcher's request (`CardReader`), so the gate's status, its model and
+the batch size all stand on the same readings, and the card is read by one thread, not two.
+Alone, the batcher reads its own probe through a `ProbeThread` of its own (a daemon thread, under
+a timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
 daemon thread that reads every `period_s` between `begin()` and `end()` and keeps the highest: a
-batch is often shorter than the gate's sampling period, and its peak is what must fit.
+batch is often shorter than the gate's sampling period, and its peak is what must fit; it reads the
+gate's probe where there is a gate.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
 
 from .._observe.sampler import ProbeHung, ProbeThread
 from ..memory import MemorySample, check_sample
 from ..probes import Probe, auto_probe
 
-__all__ = ["BatchProbe", "PeakWatch"]
+__all__ = ["BatchProbe", "CardReader", "PeakWatch"]
 
 READ_TIMEOUT_S = 1.0
 START_TIMEOUT_S = 5.0  # NVML's start-up, or torch's first CUDA call
@@ -75,22 +80,63 @@ class PeakWatch:
             time.sleep(self._period_s)
 
 
+class CardReader(Protocol):
+    """The gate's sampler, as a batcher behind the gate reads the card through it."""
+
+    @property
+    def configured(self) -> Probe | str | None:
+        """The gate's `probe` option: `"auto"`, None or a probe."""
+
+    @property
+    def probe(self) -> Probe | None:
+        """The probe the gate's sampler reads, once it found one."""
+
+    async def reading(self) -> MemorySample | None:
+        """A reading taken from now on, or None (no probe, it failed, or the gate is not running)."""
+
+
 class BatchProbe:
-    """The probe a batcher was given (`"auto"` resolved on first use, off the loop), its readings,
-    and what went wrong with them, for the statistics."""
+    """The probe a batcher was given (`"auto"` resolved on first use, off the loop) or the gate's
+    sampler it reads through, its readings, and what went wrong with them, for the statistics."""
 
     def __init__(self, probe: Probe | str | None, period_s: float) -> None:
         self._period_s = period_s
         self._thread = ProbeThread()
+        self._given = probe
         self._resolved = probe is None or not isinstance(probe, str)
         self.probe: Probe | None = None if isinstance(probe, str) else probe
         self.description = _describe(probe)
         self.errors = 0
         self.last_error: str | None = None
         self.watch: PeakWatch | None = None if self.probe is None else PeakWatch(self.probe, period_s)
+        self.reader: CardReader | None = None
+        self._gate_watch: PeakWatch | None = None  # on the gate's probe, where it reads through a gate
+
+    def read_through(self, reader: CardReader) -> None:
+        """Read the card through a gate's sampler from now on: one view of the card, not two.
+
+        A gate without a probe reads nothing, and a batcher told `probe=None` reads nothing either:
+        each keeps what it was given. A batcher given a probe of its own behind a gate that reads
+        another would hold a second view of the card: a mistake in the set-up, said at once. A gate
+        built again (a middleware stack rebuilt) takes over from the one before.
+        """
+        given, configured = self._given, reader.configured
+        if configured is None or given is None:
+            return
+        if not isinstance(given, str) and given is not configured:
+            raise ValueError(
+                f"the batcher was given probe={given!r} and the gate in front reads probe={configured!r}: two "
+                "views of one card. Give the probe to the gate alone (AdaptiveGate(..., probe=...)) and leave the "
+                "batcher's at \"auto\": behind the gate it reads the card through the gate's sampler"
+            )
+        self.close()  # its own thread and watch: the gate's sampler and probe serve from now on
+        self.reader, self._resolved, self.probe, self.watch = reader, True, None, None
+        self.description = "probe: the gate's sampler"
 
     async def read(self) -> MemorySample | None:
         """A reading now, or None (no probe, or it failed: counted, and the batch runs without it)."""
+        if self.reader is not None:
+            return await self._read_through(self.reader)
         if not self._resolved:
             await self._resolve()
         if self.probe is None:
@@ -114,11 +160,25 @@ class BatchProbe:
         self._resolved, self.probe, self.description = True, probe, description
         self.watch = None if probe is None else PeakWatch(probe, self._period_s)
 
+    async def _read_through(self, reader: CardReader) -> MemorySample | None:
+        """The gate's reading. The peak watch reads the gate's probe once its sampler found it, and
+        only where the reading before the batch came: a probe that fails is the sampler's to retry,
+        at its own pace, not every few milliseconds of a batch."""
+        sample = await reader.reading()
+        probe = reader.probe
+        if probe is not self.probe:
+            if self._gate_watch is not None:
+                self._gate_watch.close()
+            self.probe, self._gate_watch = probe, None if probe is None else PeakWatch(probe, self._period_s)
+        self.watch = None if sample is None else self._gate_watch
+        return sample
+
     def close(self) -> None:
         """End both threads (`Batched` calls it once it is collected): nothing else would."""
         self._thread.close()
-        if self.watch is not None:
-            self.watch.close()
+        for watch in (self.watch, self._gate_watch):
+            if watch is not None:
+                watch.close()  # twice is harmless: the same watch may be both
 
     def _error(self, message: str) -> None:
         self.errors += 1

@@ -86,6 +86,12 @@ class Background:
         if self._ready_event is not None:
             self._ready_event.set()
 
+    async def fresh_reading(self, timeout_s: float) -> None:
+        """A reading taken from now on, where the sampler runs (at most `timeout_s`): what a batcher
+        behind the gate asks for before each batch."""
+        if self._sampler is not None:
+            await self._sampler.fresh_reading(timeout_s)
+
     def stop(self) -> None:
         for loop in self._loops:
             loop.stop()

@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import anyio.to_thread
 
@@ -54,7 +54,12 @@ class Operations:
         self.tick_hooks: list[Callable[[], None]] = []  # more work for the monitor's tick
         self._thread_pool_tokens: float | None = None
         self._warned_thread_pool = False
+        self.probe: Probe | None = None  # the sampler's, once it found one
+        self.readings = 0  # readings handed to the core so far
         core.limit_listeners.append(self._limit_changed)
+        read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
+        if read_through is not None:
+            read_through(SamplerReader(self))
 
     # -- what the loops report -----------------------------------------------------------------
 
@@ -95,6 +100,7 @@ class Operations:
         core = self.core
         then = None if before is None or after is None else min(before, after, key=lambda taken: taken.units)
         core.sample(sample, now_s, then)
+        self.readings += 1
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
 
     def _on_probe_error(self, message: str) -> None:
@@ -104,6 +110,7 @@ class Operations:
     def _on_probe(self, probe: Probe | None, description: str) -> None:
         description = description or f"probe: {probe!r}"
         simulated = bool(getattr(probe, "simulated", False))
+        self.probe = probe
         self.core.probe_found(description, device_label(probe), simulated=simulated)
         logger.info("adaptive_gate: %s", description)
 
@@ -220,3 +227,28 @@ class Operations:
             tokens,
             tokens,
         )
+
+
+class SamplerReader:
+    """The gate's sampler as a batcher behind the gate reads the card (`_batch.probe.CardReader`):
+    a reading at its request before each batch, so the batch size and the gate stand on the same
+    readings, taken by one thread."""
+
+    def __init__(self, operations: Operations) -> None:
+        self._operations = operations
+
+    @property
+    def configured(self) -> Probe | str | None:
+        return cast("Probe | str | None", self._operations.options.probe)  # checked by the options
+
+    @property
+    def probe(self) -> Probe | None:
+        return self._operations.probe
+
+    async def reading(self) -> MemorySample | None:
+        operations = self._operations
+        if operations.core.probe.consecutive_errors:
+            return None  # the sampler backs off a failing probe: a batch a millisecond must not hurry it
+        before = operations.readings
+        await operations.background.fresh_reading(operations.options.probe_timeout)
+        return operations.core.probe.last_sample if operations.readings > before else None
