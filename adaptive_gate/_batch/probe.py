@@ -2,8 +2,8 @@
 one while it runs (what it added). Both off the event loop.
 
 Behind a gate (`controller=batched.gate_controller()`), the reading before a batch is the gate's:
-its sampler takes one at the batcher's request (`CardReader`), so the gate's status, its model and
-the batch size all stand on the same readings, and the card is read by one thread, not two.
+its sampler takes one at the batcher's request (`CardReader`), so the gate's status, its limit and
+the batch size all stand on the same readings, not on two views of the card taken apart.
 Alone, the batcher reads its own probe through a `ProbeThread` of its own (a daemon thread, under
 a timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
 daemon thread that reads every `period_s` between `begin()` and `end()` and keeps the highest: a

@@ -232,7 +232,7 @@ class Operations:
 class SamplerReader:
     """The gate's sampler as a batcher behind the gate reads the card (`_batch.probe.CardReader`):
     a reading at its request before each batch, so the batch size and the gate stand on the same
-    readings, taken by one thread."""
+    readings."""
 
     def __init__(self, operations: Operations) -> None:
         self._operations = operations
