@@ -95,7 +95,9 @@ class ThreadsThatRead:
         return self.gpu.sample()
 
 
-def gated_batcher(probe: object, gpu: SimulatedGPU, *, batcher_probe: object = "auto") -> tuple[Any, Any]:
+def gated_batcher(
+    probe: object, gpu: SimulatedGPU, *, batcher_probe: object = "auto", its_controller: bool = True
+) -> tuple[Any, Any]:
     """A batcher behind a gate on one route; a batch of n holds 100 MiB + n * 100 MiB for 10 ms."""
     sizes: list[int] = []
 
@@ -110,7 +112,8 @@ def gated_batcher(probe: object, gpu: SimulatedGPU, *, batcher_probe: object = "
         return JSONResponse({"y": await run(int(request.query_params["x"]))})
 
     app = Starlette(routes=[Route("/predict", predict, methods=["POST"])])
-    gate = AdaptiveGate(app, tag=None, probe=probe, controller=run.gate_controller(), max_limit=64)
+    controller = run.gate_controller() if its_controller else None
+    gate = AdaptiveGate(app, tag=None, probe=probe, controller=controller, max_limit=64)
     run.sizes = sizes  # type: ignore[attr-defined]
     return gate, run
 
@@ -183,3 +186,22 @@ def test_a_batcher_with_a_probe_of_its_own_behind_a_gate_that_reads_another_is_r
     assert told_none.statistics().probe.startswith("probe: none")
     _, alone = gated_batcher(None, gpu, batcher_probe=other)  # the gate reads nothing: the batcher's own
     assert alone.statistics().probe == f"probe: {other!r}"
+
+
+async def test_a_batcher_behind_a_gate_whose_limit_is_not_its_own_is_a_finding() -> None:
+    found: dict[bool, list[dict[str, Any]]] = {}
+    for its_controller in (False, True):
+        gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
+        gate, _ = gated_batcher(gpu, gpu, its_controller=its_controller)
+        async with (
+            LifespanManager(gate),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
+        ):
+            await post_rounds(client, 2, n=4)
+            found[its_controller] = (await client.get("/gate/status")).json()["findings"]
+    assert found[True] == []
+    [finding] = found[False]
+    assert finding["code"] == "batcher_without_its_controller" and finding["active"]
+    assert "the batcher run runs behind this gate" in finding["message"]
+    assert "controller=run.gate_controller()" in finding["advice"]
+    assert finding["appearances"] == 1  # said once, however many items ran

@@ -60,6 +60,8 @@ class Operations:
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
             read_through(SamplerReader(self))
+        # What a batcher running under a gated request calls where the limit is not a batcher's.
+        self.batcher_behind: Callable[[str], None] | None = self._on_batcher if read_through is None else None
 
     # -- what the loops report -----------------------------------------------------------------
 
@@ -102,6 +104,9 @@ class Operations:
         core.sample(sample, now_s, then)
         self.readings += 1
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
+
+    def _on_batcher(self, name: str) -> None:
+        self.diagnostics.on_batcher(self.clock(), name)
 
     def _on_probe_error(self, message: str) -> None:
         if self.core.probe_error(message):

@@ -14,6 +14,7 @@ this is arithmetic on observations: the caller passes the time in, so tests repl
 | `shared_gpu` | more than one process holds memory on the device |
 | `limit_at_minimum` | the limit sits at `min_limit` while requests wait |
 | `probe_failing` | the memory probe keeps failing |
+| `batcher_without_its_controller` | a batcher runs behind the gate, whose limit is not the batcher's |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CODES = (
     "shared_gpu",
     "limit_at_minimum",
     "probe_failing",
+    "batcher_without_its_controller",
 )
 
 
@@ -166,6 +168,19 @@ class Diagnostics:
                 "something blocks the event loop: a sync call in an async def route, middleware or startup hook; "
                 "run it in a thread (`anyio.to_thread.run_sync`)",
             )
+
+    def on_batcher(self, now_s: float, name: str) -> None:
+        """A batcher (`name`) ran under a gated request of a gate whose controller is not its own.
+        A set-up that lasts: the finding stays until the process ends."""
+        self._raise(
+            now_s,
+            "batcher_without_its_controller",
+            f"the batcher {name} runs behind this gate, whose controller is not the batcher's: the gate counts "
+            "its items one by one as requests (so batches hardly form) and the batcher reads the card on its own: "
+            "two views of one card",
+            f"pass controller={name}.gate_controller() to the gate: its limit becomes the batcher's capacity, and "
+            "the batcher reads the card through the gate's sampler",
+        )
 
     def on_sample(self, now_s: float, sample: MemorySample, *, in_flight: float, queued: int) -> None:
         if in_flight == 0 and queued == 0:
