@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 from typing import Any
 
 import anyio
@@ -77,6 +78,31 @@ async def test_a_batched_function_collected_ends_its_threads() -> None:
 
 
 # -- behind a gate: one view of the card ------------------------------------------------------------
+
+
+async def test_a_batcher_behind_a_gate_is_collected_with_its_threads_once_both_are_dropped() -> None:
+    """The batcher holds the gate's sampler weakly: the gate's options hold the batcher (its
+    controller), and a strong way back kept both, the peak watch's thread and the app, for good."""
+    before = set(threading.enumerate())
+
+    async def serve() -> weakref.ref[Any]:  # its frame, the client and the gate end with it
+        gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
+        gate, run = gated_batcher(gpu, gpu)
+        async with (
+            LifespanManager(gate),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
+        ):
+            await post_rounds(client, 1, n=4)
+        return weakref.ref(run)
+
+    batcher = await serve()
+    threads = [t for t in threading.enumerate() if t not in before and t.name in THREAD_NAMES]
+    assert "adaptive-gate-batch-peak" in {t.name for t in threads}
+    gc.collect()
+    assert batcher() is None, "the batcher outlived its gate and every reference to it"
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), f"{thread.name} outlived the gate and its batcher"
 
 
 class ThreadsThatRead:
@@ -153,9 +179,10 @@ async def test_behind_a_gate_the_batcher_reads_the_card_through_the_gates_sample
     assert gpu.oom_count == 0  # the gate's reading before each batch saw the neighbour come and go
     stats = run.statistics()
     assert stats.probe == status["controller"]["batching"]["probe"] == "probe: the gate's sampler"
-    assert gate.ops.readings >= stats.batches  # a reading of the gate's before each batch
     readers = {ident for name, ident in probe.threads if name == "adaptive-gate-probe"}
     assert len(readers) == 1, "the card was read by a probe thread of the batcher's beside the gate's sampler"
+    on_the_sampler = sum(name == "adaptive-gate-probe" for name, _ in probe.threads)
+    assert on_the_sampler >= stats.batches  # a reading on the gate's sampler thread before each batch
     assert {name for name, _ in probe.threads} <= {"adaptive-gate-probe", "adaptive-gate-batch-peak"}
 
 

@@ -321,3 +321,68 @@ async def test_regular_readings_come_at_a_random_phase_and_a_backoff_waits_in_fu
     assert max(regular) - min(regular) > 0.1 * 0.01, regular  # not one phase: 20 draws over a width of 0.5
     first = backoff.index(0.02)  # the reading under way when the probe broke may have come back
     assert backoff[first : first + 3] == [0.02, 0.04, 0.08], backoff  # doubled, not jittered
+
+
+def counting_sampler(probe: object, handed: list[MemorySample], period_s: float = 0.05) -> Sampler[int]:
+    return Sampler(
+        lambda: (probe, "counting"),  # type: ignore[arg-type,return-value]
+        period_s=period_s,
+        timeout_s=1.0,
+        on_probe=lambda probe, description: None,
+        alongside=lambda: 0,
+        on_sample=lambda sample, before, after: handed.append(sample),
+        on_error=lambda message: None,
+    )
+
+
+async def test_a_reading_on_demand_leaves_the_periodic_readings_and_their_schedule_alone() -> None:
+    """A batcher behind the gate asks for a reading before each batch, every few milliseconds. Were
+    each to cut the wait before the next periodic reading short, every periodic reading would be
+    the one between two batches (in phase with them): the status would show an idle card under
+    load. Readings on demand go to the caller alone."""
+    probe = Probe("ok")
+    handed: list[MemorySample] = []
+    sampler = counting_sampler(probe, handed)
+    on_demand: list[MemorySample | None] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        await wait_until(lambda: len(handed) >= 1)
+        first_s = time.monotonic()
+        while len(on_demand) < 100:
+            on_demand.append(await sampler.read_now(1.0))
+            await anyio.sleep(0.002)
+        elapsed_s = time.monotonic() - first_s
+        periodic = len(handed) - 1
+        sampler.stop()
+    assert all(sample == MemorySample(1 * GiB, 8 * GiB) for sample in on_demand)
+    # At most one periodic reading a (shortest) period, however many came on demand meanwhile.
+    assert periodic <= elapsed_s / ((1 - JITTER_SHARE) * 0.05) + 1, (periodic, elapsed_s)
+    assert probe.calls == len(handed) + len(on_demand)
+
+
+async def test_a_reading_on_demand_is_none_at_once_where_the_sampler_does_not_run_on_the_callers_loop() -> None:
+    handed: list[MemorySample] = []
+    sampler = counting_sampler(Probe("ok"), handed)
+    with anyio.fail_after(0.5):  # each would wait its 5 s timeout if it waited
+        assert await sampler.read_now(5.0) is None  # not started
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sampler.run)
+            await wait_until(lambda: len(handed) >= 1)
+            assert await sampler.read_now(5.0) == MemorySample(1 * GiB, 8 * GiB)
+            on_another_loop = await anyio.to_thread.run_sync(lambda: anyio.run(sampler.read_now, 5.0))
+            assert on_another_loop is None
+            sampler.stop()
+        assert await sampler.read_now(5.0) is None  # stopped
+
+
+async def test_a_reading_on_demand_of_a_failing_probe_is_none() -> None:
+    probe = Probe("ok")
+    handed: list[MemorySample] = []
+    sampler = counting_sampler(probe, handed)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        await wait_until(lambda: len(handed) >= 1)
+        probe.behaviour = "raise"
+        with anyio.fail_after(0.5):
+            assert await sampler.read_now(5.0) is None
+        sampler.stop()

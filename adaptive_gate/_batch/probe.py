@@ -1,14 +1,15 @@
 """The batcher's readings: one before each batch (what the card holds without it), and the highest
 one while it runs (what it added). Both off the event loop.
 
-Behind a gate (`controller=batched.gate_controller()`), the reading before a batch is the gate's:
-its sampler takes one at the batcher's request (`CardReader`), so the gate's status, its limit and
-the batch size all stand on the same readings, not on two views of the card taken apart.
-Alone, the batcher reads its own probe through a `ProbeThread` of its own (a daemon thread, under
-a timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
-daemon thread that reads every `period_s` between `begin()` and `end()` and keeps the highest: a
-batch is often shorter than the gate's sampling period, and its peak is what must fit; it reads the
-gate's probe where there is a gate.
+Behind a gate (`controller=batched.gate_controller()`), the reading before a batch is taken by the
+gate's sampler, on its thread and probe, at the batcher's request (`CardReader`): no probe thread of
+the batcher's beside the gate's. Those readings go to the batcher alone; the gate's own keep their random phase (a
+reading between two batches, every batch, would show an idle card under load). Alone, the batcher
+reads its own probe through a `ProbeThread` of its own (a daemon thread, under a timeout, no second
+call while one hangs). Readings while a batch runs come from `PeakWatch`, a daemon thread that reads
+every `period_s` between `begin()` and `end()` and keeps the highest: a batch is often shorter than
+the gate's sampling period, and its peak is what must fit; it reads the gate's probe where there is
+a gate.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class BatchProbe:
         self.errors = 0
         self.last_error: str | None = None
         self.watch: PeakWatch | None = None if self.probe is None else PeakWatch(self.probe, period_s)
-        self.reader: CardReader | None = None
+        self.readers: list[CardReader] = []  # the gates' samplers, the first built first
         self._gate_watch: PeakWatch | None = None  # on the gate's probe, where it reads through a gate
 
     def read_through(self, reader: CardReader) -> None:
@@ -117,8 +118,9 @@ class BatchProbe:
 
         A gate without a probe reads nothing, and a batcher told `probe=None` reads nothing either:
         each keeps what it was given. A batcher given a probe of its own behind a gate that reads
-        another would hold a second view of the card: a mistake in the set-up, said at once. A gate
-        built again (a middleware stack rebuilt) takes over from the one before.
+        another would hold a second view of the card: a mistake in the set-up, said at once. Where
+        several gates were built with its controller (a middleware stack built again), the batch
+        reads through the first whose sampler runs on the caller's loop.
         """
         given, configured = self._given, reader.configured
         if configured is None or given is None:
@@ -129,14 +131,16 @@ class BatchProbe:
                 "views of one card. Give the probe to the gate alone (AdaptiveGate(..., probe=...)) and leave the "
                 "batcher's at \"auto\": behind the gate it reads the card through the gate's sampler"
             )
-        self.close()  # its own thread and watch: the gate's sampler and probe serve from now on
-        self.reader, self._resolved, self.probe, self.watch = reader, True, None, None
-        self.description = "probe: the gate's sampler"
+        if not self.readers:
+            self.close()  # its own thread and watch: the gate's sampler and probe serve from now on
+            self._resolved, self.probe, self.watch = True, None, None
+            self.description = "probe: the gate's sampler"
+        self.readers.append(reader)
 
     async def read(self) -> MemorySample | None:
         """A reading now, or None (no probe, or it failed: counted, and the batch runs without it)."""
-        if self.reader is not None:
-            return await self._read_through(self.reader)
+        if self.readers:
+            return await self._read_through()
         if not self._resolved:
             await self._resolve()
         if self.probe is None:
@@ -160,18 +164,23 @@ class BatchProbe:
         self._resolved, self.probe, self.description = True, probe, description
         self.watch = None if probe is None else PeakWatch(probe, self._period_s)
 
-    async def _read_through(self, reader: CardReader) -> MemorySample | None:
-        """The gate's reading. The peak watch reads the gate's probe once its sampler found it, and
-        only where the reading before the batch came: a probe that fails is the sampler's to retry,
-        at its own pace, not every few milliseconds of a batch."""
-        sample = await reader.reading()
-        probe = reader.probe
-        if probe is not self.probe:
-            if self._gate_watch is not None:
-                self._gate_watch.close()
-            self.probe, self._gate_watch = probe, None if probe is None else PeakWatch(probe, self._period_s)
-        self.watch = None if sample is None else self._gate_watch
-        return sample
+    async def _read_through(self) -> MemorySample | None:
+        """A gate's reading. The peak watch reads that gate's probe, and only where the reading
+        before the batch came: a probe that fails is the sampler's to retry, at its own pace, not
+        every few milliseconds of a batch."""
+        for reader in self.readers:
+            sample = await reader.reading()
+            probe = reader.probe
+            if sample is None or probe is None:
+                continue
+            if probe is not self.probe:
+                if self._gate_watch is not None:
+                    self._gate_watch.close()
+                self.probe, self._gate_watch = probe, PeakWatch(probe, self._period_s)
+            self.watch = self._gate_watch
+            return sample
+        self.watch = None
+        return None
 
     def close(self) -> None:
         """End both threads (`Batched` calls it once it is collected): nothing else would."""

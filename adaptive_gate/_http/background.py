@@ -19,6 +19,7 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._observe.sampler import BackgroundLoop, Monitor, Sampler
+from ..memory import MemorySample
 
 __all__ = ["Background", "serve_lifespan"]
 
@@ -86,11 +87,11 @@ class Background:
         if self._ready_event is not None:
             self._ready_event.set()
 
-    async def fresh_reading(self, timeout_s: float) -> None:
-        """A reading taken from now on, where the sampler runs (at most `timeout_s`): what a batcher
+    async def read_now(self, timeout_s: float) -> MemorySample | None:
+        """A reading on the sampler's thread now, where it runs (`Sampler.read_now`): what a batcher
         behind the gate asks for before each batch."""
-        if self._sampler is not None:
-            await self._sampler.fresh_reading(timeout_s)
+        sampler = self._sampler
+        return None if sampler is None else await sampler.read_now(timeout_s)
 
     def stop(self) -> None:
         for loop in self._loops:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
@@ -55,7 +56,6 @@ class Operations:
         self._thread_pool_tokens: float | None = None
         self._warned_thread_pool = False
         self.probe: Probe | None = None  # the sampler's, once it found one
-        self.readings = 0  # readings handed to the core so far
         core.limit_listeners.append(self._limit_changed)
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
@@ -102,7 +102,6 @@ class Operations:
         core = self.core
         then = None if before is None or after is None else min(before, after, key=lambda taken: taken.units)
         core.sample(sample, now_s, then)
-        self.readings += 1
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
 
     def _on_batcher(self, name: str) -> None:
@@ -236,24 +235,24 @@ class Operations:
 
 class SamplerReader:
     """The gate's sampler as a batcher behind the gate reads the card (`_batch.probe.CardReader`):
-    a reading at its request before each batch, so the batch size and the gate stand on the same
-    readings."""
+    a reading on the sampler's thread before each batch. It holds the gate weakly: a batcher
+    outlives the gates built around it (a middleware stack built again), and must not keep them."""
 
     def __init__(self, operations: Operations) -> None:
-        self._operations = operations
+        self._operations = weakref.ref(operations)
+        self._configured = operations.options.probe
 
     @property
     def configured(self) -> Probe | str | None:
-        return cast("Probe | str | None", self._operations.options.probe)  # checked by the options
+        return cast("Probe | str | None", self._configured)  # checked by the options
 
     @property
     def probe(self) -> Probe | None:
-        return self._operations.probe
+        operations = self._operations()
+        return None if operations is None else operations.probe
 
     async def reading(self) -> MemorySample | None:
-        operations = self._operations
-        if operations.core.probe.consecutive_errors:
+        operations = self._operations()
+        if operations is None or operations.core.probe.consecutive_errors:
             return None  # the sampler backs off a failing probe: a batch a millisecond must not hurry it
-        before = operations.readings
-        await operations.background.fresh_reading(operations.options.probe_timeout)
-        return operations.core.probe.last_sample if operations.readings > before else None
+        return await operations.background.read_now(operations.options.probe_timeout)

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Generic, TypeVar
 
@@ -146,6 +147,16 @@ class BackgroundLoop:
         raise NotImplementedError
 
 
+@dataclass
+class _Live:
+    """The sampler's probe while it runs: its thread, the lock its calls take turns on, its loop."""
+
+    probe: Probe
+    thread: ProbeThread
+    lock: anyio.Lock
+    token: object  # the event loop the sampler runs on
+
+
 class Sampler(BackgroundLoop, Generic[T]):
     """Reads the probe every `period_s` on average (`JITTER_SHARE`) on its own thread and hands each
     checked reading to `on_sample`, with what `alongside()` said just before and just after it, read
@@ -185,6 +196,24 @@ class Sampler(BackgroundLoop, Generic[T]):
         self._on_sample = on_sample
         self._on_error = on_error
         self._random = random.Random()
+        self._live: _Live | None = None
+
+    async def read_now(self, timeout_s: float) -> MemorySample | None:
+        """A reading taken now on the sampler's thread, for a caller on the sampler's loop (a batcher
+        behind the gate, before each batch), apart from the periodic readings: it moves neither
+        their schedule, whose random phase is what makes each a fair sample of the card, nor the
+        gate's model. None at once where the probe does not run (starting, none, stopped, the loop
+        ended) or the caller is on another loop; None after at most `timeout_s` where it fails."""
+        live = self._live
+        if live is None or live.token != anyio.lowlevel.current_token():
+            return None
+        with anyio.move_on_after(timeout_s):
+            async with live.lock:
+                try:
+                    return check_sample(await live.thread.call(live.probe.sample, timeout_s))
+                except Exception:  # a failure, a hang: the periodic readings say so in the status
+                    return None
+        return None
 
     async def fresh_reading(self, timeout_s: float) -> None:
         """Take a reading now and wait until it was tried (at most `timeout_s`). The gate's start-up
@@ -210,8 +239,10 @@ class Sampler(BackgroundLoop, Generic[T]):
                 self._without_probe = True
                 self._reading_tried()
                 return
-            await self._loop(probe, thread)
+            self._live = _Live(probe, thread, anyio.Lock(), anyio.lowlevel.current_token())
+            await self._loop(self._live)
         finally:
+            self._live = None
             thread.close()
 
     async def _start_probe(self, thread: ProbeThread) -> Probe | None:
@@ -236,12 +267,13 @@ class Sampler(BackgroundLoop, Generic[T]):
         self._on_probe(probe, description)
         return probe
 
-    async def _loop(self, probe: Probe, thread: ProbeThread) -> None:
+    async def _loop(self, live: _Live) -> None:
         delay_s = self._period_s
         while True:
             self._readings_started += 1
             try:
-                raw, before, after = await thread.call(partial(self._read, probe), self._timeout_s)
+                async with live.lock:  # one call at a time on the probe's thread, the batcher's too
+                    raw, before, after = await live.thread.call(partial(self._read, live.probe), self._timeout_s)
                 sample = check_sample(raw)
             except (TimeoutError, ProbeHung) as exc:
                 self._on_error(f"probe.sample() {_hang_message(exc, self._timeout_s)}")
