@@ -3,13 +3,13 @@ one while it runs (what it added). Both off the event loop.
 
 Behind a gate (`controller=batched.gate_controller()`), the reading before a batch is taken by the
 gate's sampler, on its thread and probe, at the batcher's request (`CardReader`): no probe thread of
-the batcher's beside the gate's. Those readings go to the batcher alone; the gate's own keep their random phase (a
-reading between two batches, every batch, would show an idle card under load). Alone, the batcher
-reads its own probe through a `ProbeThread` of its own (a daemon thread, under a timeout, no second
-call while one hangs). Readings while a batch runs come from `PeakWatch`, a daemon thread that reads
-every `period_s` between `begin()` and `end()` and keeps the highest: a batch is often shorter than
-the gate's sampling period, and its peak is what must fit; it reads the gate's probe where there is
-a gate.
+the batcher's beside the gate's. Those readings go to the batcher alone; the gate's own keep their
+random phase (a reading between two batches, every batch, would show an idle card under load).
+Alone, the batcher reads its own probe through a `ProbeThread` of its own (a daemon thread, under a
+timeout, no second call while one hangs). Readings while a batch runs come from `PeakWatch`, a
+daemon thread that reads every `period_s` between `begin()` and `end()` and keeps the highest: a
+batch is often shorter than the gate's sampling period, and its peak is what must fit; it reads the
+gate's probe where there is a gate.
 """
 
 from __future__ import annotations
