@@ -97,18 +97,15 @@ class Batched(Generic[T, R]):
         self._counts = dict.fromkeys(("batches", "items", "splits", "ooms", "failed", "cancelled"), 0)
         self._waited_s = 0.0
         self._started = 0
-        self._reported = False  # to a gate in front that does not take its limit from this batcher
         self.__name__ = getattr(function, "__name__", "batched")
         self.__doc__ = getattr(function, "__doc__", None)
 
     # -- callers --------------------------------------------------------------------------------
 
     async def __call__(self, item: T) -> R:
-        if not self._reported:
-            behind = BEHIND_A_GATE.get()  # a gate in front whose limit is not this batcher's
-            if behind is not None:
-                self._reported = True
-                behind(self.__name__)
+        behind = BEHIND_A_GATE.get()  # the gate in front, where there is one: it tells its own batcher apart
+        if behind is not None:
+            behind(self)
         call: Call[T, R] = Call(item)
         call.entry = Entry(call, self._units_of(item), self._clock())
         with self._joining:  # two threads' loops must not both find the line idle

@@ -97,6 +97,7 @@ class AdaptiveGate:
             health_paths=self.options.health_paths,
         )
         self.ops.tick_hooks.append(self._routes.notice_changes)
+        self._batcher_behind = self.ops.batcher_behind  # what a batcher under a gated request reports to
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
 
     # -- ASGI -----------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ class AdaptiveGate:
             elif ticket.abandoned:
                 raise ClientNotReading(ABANDONED)
 
-        behind = BEHIND_A_GATE.set(self.ops.batcher_behind)
+        behind = BEHIND_A_GATE.set(self._batcher_behind)
         try:
             await self.app(scope, receive, send_and_release)
         except Exception as exc:

@@ -229,6 +229,60 @@ async def test_a_batcher_behind_a_gate_whose_limit_is_not_its_own_is_a_finding()
     assert found[True] == []
     [finding] = found[False]
     assert finding["code"] == "batcher_without_its_controller" and finding["active"]
-    assert "the batcher run runs behind this gate" in finding["message"]
+    assert "do not set its limit (run)" in finding["message"]
     assert "controller=run.gate_controller()" in finding["advice"]
     assert finding["appearances"] == 1  # said once, however many items ran
+
+
+async def test_each_batcher_but_the_one_that_sets_the_limit_is_named_in_the_finding_of_each_gate() -> None:
+    def echo(name: str) -> Any:
+        def run(items: list[int]) -> list[int]:
+            return items
+
+        run.__name__ = name
+        return batch(max_wait_s=0.0, probe=None)(run)
+
+    a, b, c = echo("a"), echo("b"), echo("c")
+
+    def gate_in_front(controller: object) -> AdaptiveGate:
+        async def call(request: Request) -> JSONResponse:
+            batched = {"a": a, "b": b, "c": c}[request.path_params["name"]]
+            return JSONResponse({"y": await batched(1)})
+
+        app = Starlette(routes=[Route("/{name}", call, methods=["POST"])])
+        return AdaptiveGate(app, tag=None, probe=None, controller=controller, max_limit=64)
+
+    async def findings(gate: AdaptiveGate, names: str) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client:
+            for name in names:
+                assert (await client.post(f"/{name}")).json() == {"y": 1}
+            return list((await client.get("/gate/status")).json()["findings"])
+
+    assert await findings(gate_in_front(a.gate_controller()), "aaa") == []  # the batcher that sets the limit
+    [finding] = await findings(gate_in_front(a.gate_controller()), "abcbca")
+    assert "do not set its limit (b, c)" in finding["message"] and finding["appearances"] == 1
+    assert "a gate of its own" in finding["advice"]
+    [finding] = await findings(gate_in_front(None), "b")  # told to one gate, b is told to the next one too
+    assert "do not set its limit (b)" in finding["message"]
+
+
+async def test_with_every_gate_it_read_through_gone_the_batcher_reads_its_own_probe_again() -> None:
+    gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
+
+    async def serve(gate: AdaptiveGate) -> None:
+        async with (
+            LifespanManager(gate),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
+        ):
+            await post_rounds(client, 1, n=4)
+
+    first, run = gated_batcher(gpu, gpu, batcher_probe=gpu)
+    await serve(first)
+    assert run.statistics().probe == "probe: the gate's sampler"
+    controller = first.core.controller
+    del first
+    gc.collect()
+    app = Starlette(routes=[Route("/predict", lambda request: JSONResponse({}), methods=["POST"])])
+    AdaptiveGate(app, tag=None, probe=None, controller=controller)  # reads nothing: the batcher its own
+    assert await run(1) == 2
+    assert run.statistics().probe == f"probe: {gpu!r}"

@@ -323,7 +323,9 @@ async def test_regular_readings_come_at_a_random_phase_and_a_backoff_waits_in_fu
     assert backoff[first : first + 3] == [0.02, 0.04, 0.08], backoff  # doubled, not jittered
 
 
-def counting_sampler(probe: object, handed: list[MemorySample], period_s: float = 0.05) -> Sampler[int]:
+def counting_sampler(
+    probe: object, handed: list[MemorySample], period_s: float = 0.05, errors: list[str] | None = None
+) -> Sampler[int]:
     return Sampler(
         lambda: (probe, "counting"),  # type: ignore[arg-type,return-value]
         period_s=period_s,
@@ -331,7 +333,7 @@ def counting_sampler(probe: object, handed: list[MemorySample], period_s: float 
         on_probe=lambda probe, description: None,
         alongside=lambda: 0,
         on_sample=lambda sample, before, after: handed.append(sample),
-        on_error=lambda message: None,
+        on_error=(errors if errors is not None else []).append,
     )
 
 
@@ -386,3 +388,43 @@ async def test_a_reading_on_demand_of_a_failing_probe_is_none() -> None:
         with anyio.fail_after(0.5):
             assert await sampler.read_now(5.0) is None
         sampler.stop()
+
+
+async def test_a_caller_that_gives_up_on_its_reading_leaves_the_probe_idle_for_the_next() -> None:
+    """Cut short, a reading on demand left the probe's thread busy, and the next periodic reading
+    found a healthy probe "hung": an error, a backoff, and no readings for the batcher meanwhile."""
+
+    class Slow(Probe):
+        def sample(self) -> MemorySample:
+            time.sleep(0.02)
+            return super().sample()
+
+    handed: list[MemorySample] = []
+    errors: list[str] = []
+    sampler = counting_sampler(Slow("ok"), handed, period_s=0.01, errors=errors)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        await wait_until(lambda: len(handed) >= 1)
+        for _ in range(20):
+            with anyio.move_on_after(0.005):  # a route that gave up
+                await sampler.read_now(1.0)
+            await anyio.sleep(0.005)
+        await wait_until(lambda: len(handed) >= 5)
+        sampler.stop()
+    assert errors == []
+
+
+async def test_a_reading_on_demand_as_the_sampler_stops_starts_no_thread() -> None:
+    before = set(threading.enumerate())
+    for _ in range(3):
+        handed: list[MemorySample] = []
+        sampler = counting_sampler(Probe("ok"), handed)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sampler.run)
+            await wait_until(lambda handed=handed: len(handed) >= 1)  # type: ignore[misc]
+            sampler.stop()
+            assert await sampler.read_now(1.0) is None  # stopped, though its loop has not ended yet
+    for thread in set(threading.enumerate()) - before:
+        if thread.name == "adaptive-gate-probe":
+            thread.join(5)
+            assert not thread.is_alive(), "a probe thread outlived its sampler"

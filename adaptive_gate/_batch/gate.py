@@ -56,6 +56,11 @@ class BatchCapacity:
             raise RuntimeError("this controller is already used by another gate with other bounds; give each its own")
         self.min_limit, self.max_limit, self._bound = min_limit, max_limit, True
 
+    @property
+    def batcher(self) -> Batcher:
+        """The batcher whose capacity is the limit (the gate tells others behind it apart by it)."""
+        return self._batched
+
     def read_through(self, reader: CardReader) -> None:
         """The gate hands over its sampler: the batcher reads the card through it (`BatchProbe`)."""
         self._batched.read_through(reader)

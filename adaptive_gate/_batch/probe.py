@@ -92,6 +92,10 @@ class CardReader(Protocol):
     def probe(self) -> Probe | None:
         """The probe the gate's sampler reads, once it found one."""
 
+    @property
+    def alive(self) -> bool:
+        """Whether its gate still exists (a gate dropped, or built again, leaves a dead reader)."""
+
     async def reading(self) -> MemorySample | None:
         """A reading taken from now on, or None (no probe, it failed, or the gate is not running)."""
 
@@ -102,16 +106,21 @@ class BatchProbe:
 
     def __init__(self, probe: Probe | str | None, period_s: float) -> None:
         self._period_s = period_s
-        self._thread = ProbeThread()
         self._given = probe
+        self.errors = 0
+        self.last_error: str | None = None
+        self.readers: list[CardReader] = []  # the gates' samplers, the first built first
+        self._gate_watch: PeakWatch | None = None  # on the gate's probe, where it reads through a gate
+        self._read_own()
+
+    def _read_own(self) -> None:
+        """Read the probe it was given, on a thread of its own (at the start, and once no gate is left)."""
+        probe = self._given
+        self._thread = ProbeThread()
         self._resolved = probe is None or not isinstance(probe, str)
         self.probe: Probe | None = None if isinstance(probe, str) else probe
         self.description = _describe(probe)
-        self.errors = 0
-        self.last_error: str | None = None
-        self.watch: PeakWatch | None = None if self.probe is None else PeakWatch(self.probe, period_s)
-        self.readers: list[CardReader] = []  # the gates' samplers, the first built first
-        self._gate_watch: PeakWatch | None = None  # on the gate's probe, where it reads through a gate
+        self.watch: PeakWatch | None = None if self.probe is None else PeakWatch(self.probe, self._period_s)
 
     def read_through(self, reader: CardReader) -> None:
         """Read the card through a gate's sampler from now on: one view of the card, not two.
@@ -122,6 +131,7 @@ class BatchProbe:
         several gates were built with its controller (a middleware stack built again), the batch
         reads through the first whose sampler runs on the caller's loop.
         """
+        self._forget_dead()
         given, configured = self._given, reader.configured
         if configured is None or given is None:
             return
@@ -139,7 +149,7 @@ class BatchProbe:
 
     async def read(self) -> MemorySample | None:
         """A reading now, or None (no probe, or it failed: counted, and the batch runs without it)."""
-        if self.readers:
+        if self.readers and self._forget_dead():
             return await self._read_through()
         if not self._resolved:
             await self._resolve()
@@ -163,6 +173,18 @@ class BatchProbe:
             probe, description = None, f"probe: none, it failed to start: {exc!r}"
         self._resolved, self.probe, self.description = True, probe, description
         self.watch = None if probe is None else PeakWatch(probe, self._period_s)
+
+    def _forget_dead(self) -> bool:
+        """Drop the readers of gates that are gone; with none left, read its own probe again. Whether
+        any reader is left."""
+        if all(reader.alive for reader in self.readers):
+            return bool(self.readers)
+        self.readers = [reader for reader in self.readers if reader.alive]
+        if not self.readers:
+            self.close()
+            self._gate_watch = None
+            self._read_own()
+        return bool(self.readers)
 
     async def _read_through(self) -> MemorySample | None:
         """A gate's reading. The peak watch reads that gate's probe, and only where the reading

@@ -60,8 +60,10 @@ class Operations:
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
             read_through(SamplerReader(self))
-        # What a batcher running under a gated request calls where the limit is not a batcher's.
-        self.batcher_behind: Callable[[str], None] | None = self._on_batcher if read_through is None else None
+        # A batcher running under a gated request reports itself: any but the controller's is a finding.
+        self._own_batcher = getattr(core.controller, "batcher", None)
+        self._batchers_told: weakref.WeakSet[object] = weakref.WeakSet()
+        self._batcher_names: list[str] = []
 
     # -- what the loops report -----------------------------------------------------------------
 
@@ -104,8 +106,14 @@ class Operations:
         core.sample(sample, now_s, then)
         self.diagnostics.on_sample(now_s, sample, in_flight=core.limiter.in_flight, queued=core.limiter.queued)
 
-    def _on_batcher(self, name: str) -> None:
-        self.diagnostics.on_batcher(self.clock(), name)
+    def batcher_behind(self, batched: object) -> None:
+        """A batcher ran under one of this gate's requests (`BEHIND_A_GATE`): once for each batcher
+        whose capacity is not the limit, a finding names it."""
+        if batched is self._own_batcher or batched in self._batchers_told:
+            return
+        self._batchers_told.add(batched)
+        self._batcher_names.append(str(getattr(batched, "__name__", "batched")))
+        self.diagnostics.on_batcher(self.clock(), self._batcher_names)
 
     def _on_probe_error(self, message: str) -> None:
         if self.core.probe_error(message):
@@ -250,6 +258,10 @@ class SamplerReader:
     def probe(self) -> Probe | None:
         operations = self._operations()
         return None if operations is None else operations.probe
+
+    @property
+    def alive(self) -> bool:
+        return self._operations() is not None
 
     async def reading(self) -> MemorySample | None:
         operations = self._operations()

@@ -169,17 +169,27 @@ class Diagnostics:
                 "run it in a thread (`anyio.to_thread.run_sync`)",
             )
 
-    def on_batcher(self, now_s: float, name: str) -> None:
-        """A batcher (`name`) ran under a gated request of a gate whose controller is not its own.
+    def on_batcher(self, now_s: float, names: list[str]) -> None:
+        """Batchers (`names`) ran under gated requests of a gate whose limit is not their capacity.
         A set-up that lasts: the finding stays until the process ends."""
+        listed = ", ".join(names)
+        if len(names) == 1:
+            advice = (
+                f"pass controller={listed}.gate_controller() to the gate: its limit becomes the batcher's capacity, "
+                "and the batcher reads the card through the gate's sampler"
+            )
+        else:
+            advice = (
+                "a gate's limit follows one batcher: give each batched route a gate of its own "
+                "(controller=f.gate_controller()), or batch one route alone"
+            )
         self._raise(
             now_s,
             "batcher_without_its_controller",
-            f"the batcher {name} runs behind this gate, whose controller is not the batcher's: the gate counts "
-            "its items one by one as requests (so batches hardly form) and the batcher reads the card on its own: "
+            f"batched functions run behind this gate that do not set its limit ({listed}): the gate counts their "
+            "items one by one as requests (so batches hardly form) and each batcher reads the card on its own: "
             "two views of one card",
-            f"pass controller={name}.gate_controller() to the gate: its limit becomes the batcher's capacity, and "
-            "the batcher reads the card through the gate's sampler",
+            advice,
         )
 
     def on_sample(self, now_s: float, sample: MemorySample, *, in_flight: float, queued: int) -> None:

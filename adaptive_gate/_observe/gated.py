@@ -1,8 +1,8 @@
 """`BEHIND_A_GATE`: what code running under a gated request may tell the gate in front of it.
 
-The gate sets it around each gated request whose gate does not take its limit from a batcher;
-a batcher that runs there (`adaptive_gate.batch`) reports itself, so the gate can say that the two
-hold two views of the card (`batcher_without_its_controller`). A context variable, not an argument:
+The gate sets it around each gated request; a batcher that runs there (`adaptive_gate.batch`)
+reports itself at each call, and the gate, where its limit is not that batcher's, says once that the
+two hold two views of the card (`batcher_without_its_controller`). A context variable, not an argument:
 the batcher is called from the user's route, which knows nothing of the gate.
 """
 
@@ -13,4 +13,4 @@ from contextvars import ContextVar
 
 __all__ = ["BEHIND_A_GATE"]
 
-BEHIND_A_GATE: ContextVar[Callable[[str], None] | None] = ContextVar("adaptive_gate_behind_a_gate", default=None)
+BEHIND_A_GATE: ContextVar[Callable[[object], None] | None] = ContextVar("adaptive_gate_behind_a_gate", default=None)

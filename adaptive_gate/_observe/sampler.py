@@ -72,6 +72,7 @@ class ProbeThread:
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.busy_since_s: float | None = None
 
     def _serve(self) -> None:
@@ -79,12 +80,15 @@ class ProbeThread:
             call()
 
     def close(self) -> None:
-        """The thread ends once the call it runs (if any) returns."""
+        """The thread ends once the call it runs (if any) returns; no call starts another."""
+        self._closed = True
         if self._thread is not None:
             self._calls.put(None)
             self._thread = None
 
     async def call(self, function: Callable[[], T], timeout_s: float) -> T:
+        if self._closed:
+            raise RuntimeError("the probe's thread is closed")
         if self.busy_since_s is not None:
             raise ProbeHung(time.monotonic() - self.busy_since_s)
         token = anyio.lowlevel.current_token()
@@ -203,17 +207,34 @@ class Sampler(BackgroundLoop, Generic[T]):
         behind the gate, before each batch), apart from the periodic readings: it moves neither
         their schedule, whose random phase is what makes each a fair sample of the card, nor the
         gate's model. None at once where the probe does not run (starting, none, stopped, the loop
-        ended) or the caller is on another loop; None after at most `timeout_s` where it fails."""
+        ended) or the caller is on another loop; None where it fails. It waits at most `timeout_s`
+        for the periodic reading under way, then at most `timeout_s` for its own.
+
+        Its own call is shielded: a caller cancelled meanwhile (a route that gave up) waits for the
+        probe to answer (microseconds; at most the timeout), so that the thread is idle when the lock
+        passes on. Cut short, it would leave the thread busy, and the next periodic reading would
+        find a healthy probe "hung": an error, a backoff, no readings for the batcher till it cleared.
+        """
         live = self._live
         if live is None or live.token != anyio.lowlevel.current_token():
             return None
+        acquired = False
         with anyio.move_on_after(timeout_s):
-            async with live.lock:
+            await live.lock.acquire()
+            acquired = True
+        if not acquired:
+            return None
+        try:
+            if self._live is not live:
+                return None  # the sampler stopped while this waited: its thread is closed
+            with anyio.CancelScope(shield=True):
                 try:
                     return check_sample(await live.thread.call(live.probe.sample, timeout_s))
                 except Exception:  # a failure, a hang: the periodic readings say so in the status
                     return None
-        return None
+            return None  # for the type checker: a scope may swallow what it cancels
+        finally:
+            live.lock.release()
 
     async def fresh_reading(self, timeout_s: float) -> None:
         """Take a reading now and wait until it was tried (at most `timeout_s`). The gate's start-up
