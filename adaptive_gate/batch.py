@@ -53,7 +53,7 @@ from ._batch.call import Call, run_to_end
 from ._batch.gate import BatchCapacity
 from ._batch.policy import BatchPolicy
 from ._batch.probe import BatchProbe, CardReader
-from ._observe.gated import BEHIND_A_GATE
+from ._observe.gated import BATCHERS, BEHIND_A_GATE
 from .oom import is_oom
 from .probes import Probe
 
@@ -84,6 +84,7 @@ class Batched(Generic[T, R]):
         )
         self.max_wait_s = check_options(max_wait_s, max_batch_size, probe, cost)
         self.policy = BatchPolicy(max_batch_size=max_batch_size)
+        BATCHERS.made = True  # gated requests tell batchers their gate from now on (`BEHIND_A_GATE`)
         self._probe = BatchProbe(probe, PEAK_PERIOD_S)
         weakref.finalize(self, self._probe.close)  # its threads end with it
         self._cost = cost

@@ -39,7 +39,7 @@ from ._http.line import wait_in_line
 from ._http.operations import Operations
 from ._http.routes import RouteTable
 from ._observe.diagnostics import Diagnostics
-from ._observe.gated import BEHIND_A_GATE
+from ._observe.gated import BATCHERS, BEHIND_A_GATE
 from ._observe.metrics import GateMetrics
 from ._observe.watch import GatedRoute
 from .oom import any_in_chain, is_oom, tried_bytes
@@ -177,7 +177,7 @@ class AdaptiveGate:
             elif ticket.abandoned:
                 raise ClientNotReading(ABANDONED)
 
-        behind = BEHIND_A_GATE.set(self._batcher_behind)
+        behind = BEHIND_A_GATE.set(self._batcher_behind) if BATCHERS.made else None
         try:
             await self.app(scope, receive, send_and_release)
         except Exception as exc:
@@ -192,7 +192,8 @@ class AdaptiveGate:
                 raise  # mid-stream: the status line is gone, the server must close the connection
             await self._answers.answer_oom(send, alone=alone)
         finally:
-            BEHIND_A_GATE.reset(behind)
+            if behind is not None:
+                BEHIND_A_GATE.reset(behind)
             watch.ended(ticket, clock)
             if not ticket.released:  # an exception, a cancellation, a response never finished
                 core.release(ticket, clock(), Outcome.FAILED)

@@ -11,6 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 
-__all__ = ["BEHIND_A_GATE"]
+__all__ = ["BEHIND_A_GATE", "BATCHERS"]
 
 BEHIND_A_GATE: ContextVar[Callable[[object], None] | None] = ContextVar("adaptive_gate_behind_a_gate", default=None)
+
+
+class _Batchers:
+    """Whether any batcher was made in this process: until one is, a gated request sets nothing
+    (a context variable set and reset costs about half a microsecond a request)."""
+
+    made = False
+
+
+BATCHERS = _Batchers()
