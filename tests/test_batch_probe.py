@@ -98,6 +98,9 @@ async def test_a_batcher_behind_a_gate_is_collected_with_its_threads_once_both_a
     batcher = await serve()
     threads = [t for t in threading.enumerate() if t not in before and t.name in THREAD_NAMES]
     assert "adaptive-gate-batch-peak" in {t.name for t in threads}
+    for thread in threads:  # the gate's sampler thread ends a moment after its lifespan
+        if thread.name == "adaptive-gate-probe":
+            await anyio.to_thread.run_sync(thread.join, 10)  # not on the loop: its last answer goes through it
     gc.collect()
     assert batcher() is None, "the batcher outlived its gate and every reference to it"
     for thread in threads:
@@ -276,11 +279,15 @@ async def test_with_every_gate_it_read_through_gone_the_batcher_reads_its_own_pr
         ):
             await post_rounds(client, 1, n=4)
 
+    before = set(threading.enumerate())
     first, run = gated_batcher(gpu, gpu, batcher_probe=gpu)
     await serve(first)
     assert run.statistics().probe == "probe: the gate's sampler"
     controller = first.core.controller
     del first
+    for thread in set(threading.enumerate()) - before:  # the gate's sampler thread ends a moment after it
+        if thread.name == "adaptive-gate-probe":
+            await anyio.to_thread.run_sync(thread.join, 10)  # not on the loop: its last answer goes through it
     gc.collect()
     app = Starlette(routes=[Route("/predict", lambda request: JSONResponse({}), methods=["POST"])])
     AdaptiveGate(app, tag=None, probe=None, controller=controller)  # reads nothing: the batcher its own
