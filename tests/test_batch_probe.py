@@ -174,6 +174,7 @@ async def test_behind_a_gate_the_batcher_reads_the_card_through_the_gates_sample
         gpu.set_neighbour(1 * GiB)
         await post_rounds(client, 4)
         beside = max(run.sizes[-10:])
+        why_beside = (await client.get("/gate/status")).json()["controller"]["why"]
         gpu.set_neighbour(0)
         await post_rounds(client, 4)
         after = max(run.sizes[-10:])
@@ -182,6 +183,9 @@ async def test_behind_a_gate_the_batcher_reads_the_card_through_the_gates_sample
     assert gpu.oom_count == 0  # the gate's reading before each batch saw the neighbour come and go
     stats = run.statistics()
     assert stats.probe == status["controller"]["batching"]["probe"] == "probe: the gate's sampler"
+    # One line says why the limit is what it is, with the figures behind it.
+    assert why_beside.startswith("batch capacity: twice a batch of ") and "(memory: " in why_beside
+    assert "units fit the room under the target; probe: the gate's sampler)" in why_beside
     readers = {ident for name, ident in probe.threads if name == "adaptive-gate-probe"}
     assert len(readers) == 1, "the card was read by a probe thread of the batcher's beside the gate's sampler"
     on_the_sampler = sum(name == "adaptive-gate-probe" for name, _ in probe.threads)
