@@ -271,6 +271,70 @@ async def test_each_batcher_but_the_one_that_sets_the_limit_is_named_in_the_find
     assert "a gate of its own" in finding["advice"]
     [finding] = await findings(gate_in_front(None), "b")  # told to one gate, b is told to the next one too
     assert "do not set its limit (b)" in finding["message"]
+    [finding] = await findings(gate_in_front(a.gate_controller()), "ab")  # one other: no advice to swap a out
+    assert "the gate's limit is a's capacity" in finding["message"]
+    assert (
+        "a gate of its own" in finding["advice"]
+        and "controller=b.gate_controller() to the gate" not in finding["advice"]
+    )
+
+
+async def test_a_finding_names_each_batched_function_once_however_many_batchers_a_factory_made() -> None:
+    def made() -> Any:
+        def infer(items: list[int]) -> list[int]:
+            return items
+
+        return batch(max_wait_s=0.0, probe=None)(infer)
+
+    batchers = [made() for _ in range(40)]
+
+    async def call(request: Request) -> JSONResponse:
+        return JSONResponse({"y": await batchers[int(request.query_params["i"])](1)})
+
+    gate = AdaptiveGate(Starlette(routes=[Route("/", call, methods=["POST"])]), tag=None, probe=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client:
+        for i in range(40):
+            assert (await client.post(f"/?i={i}")).json() == {"y": 1}
+        [finding] = (await client.get("/gate/status")).json()["findings"]
+    assert "do not set its limit (infer):" in finding["message"]
+
+
+def test_a_peak_watch_closed_while_its_batch_runs_watches_that_batch_to_its_end() -> None:
+    """A gate built while a batch runs closes the batcher's own watch: that batch's peak is still wanted."""
+    gpu = SimulatedGPU(GiB, baseline_bytes=100 * MiB)
+    watch = _batch_probe.PeakWatch(gpu, 0.001)
+    watch.begin()
+    watch.close()
+    with gpu.allocate(300 * MiB):
+        time.sleep(0.05)
+    assert watch.end() == 400 * MiB
+    assert watch._thread is not None
+    watch._thread.join(5)
+    assert not watch._thread.is_alive()
+
+
+async def test_a_gate_built_while_the_batcher_starts_its_own_probe_takes_over_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu, own = SimulatedGPU(2 * GiB), SimulatedGPU(2 * GiB)
+    starting, go = threading.Event(), threading.Event()
+
+    def slow_auto_probe() -> tuple[SimulatedGPU, str]:
+        starting.set()
+        go.wait(30)
+        return own, "probe: the batcher's own"
+
+    monkeypatch.setattr(_batch_probe, "auto_probe", slow_auto_probe)
+    gate, run = gated_batcher(None, gpu)  # built first without a probe: the batcher reads its own ("auto")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, 0)
+        await anyio.to_thread.run_sync(starting.wait)
+        other = AdaptiveGate(gate.app, tag=None, probe=gpu, controller=gate.core.controller, max_limit=64)
+        go.set()
+    stats = run.statistics()
+    assert stats.probe == "probe: the gate's sampler" and stats.probe_errors == 0
+    assert run._probe.probe is not own
+    del other
 
 
 async def test_with_every_gate_it_read_through_gone_the_batcher_reads_its_own_probe_again() -> None:

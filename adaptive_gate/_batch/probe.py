@@ -40,6 +40,7 @@ class PeakWatch:
         self._generation = 0
         self._peak: int | None = None
         self._thread: threading.Thread | None = None
+        self._close_at_end = False
 
     def begin(self) -> None:
         with self._condition:
@@ -55,11 +56,17 @@ class PeakWatch:
     def end(self) -> int | None:
         with self._condition:
             self._running = False
+            if self._close_at_end:
+                self._closed = True
+                self._condition.notify()
             return self._peak
 
     def close(self) -> None:
         """The thread ends once the reading it takes (if any) returns."""
         with self._condition:
+            if self._running:  # its batch still runs (a gate built meanwhile): that batch's peak is still wanted
+                self._close_at_end = True
+                return
             self._closed, self._running = True, False
             self._condition.notify()
 
@@ -153,6 +160,8 @@ class BatchProbe:
             return await self._read_through()
         if not self._resolved:
             await self._resolve()
+            if self.readers and self._forget_dead():  # a gate was built meanwhile
+                return await self._read_through()
         if self.probe is None:
             return None
         try:
@@ -165,12 +174,15 @@ class BatchProbe:
         # Resolved only once there is an answer: a leader cancelled while the probe starts must not
         # leave the batcher without one for good. Its start still runs in the probe's thread; the
         # next leader that finds it running (ProbeHung) goes without a reading and asks again later.
+        thread = self._thread
         try:
-            probe, description = await self._thread.call(auto_probe, START_TIMEOUT_S)
+            probe, description = await thread.call(auto_probe, START_TIMEOUT_S)
         except ProbeHung:
             return
         except Exception as exc:
             probe, description = None, f"probe: none, it failed to start: {exc!r}"
+        if thread is not self._thread or self.readers:
+            return  # a gate took over meanwhile (`read_through`): its sampler reads the card, not this probe
         self._resolved, self.probe, self.description = True, probe, description
         self.watch = None if probe is None else PeakWatch(probe, self._period_s)
 

@@ -34,6 +34,7 @@ __all__ = ["MONITOR_PERIOD_S", "Operations"]
 logger = logging.getLogger("adaptive_gate")
 
 MONITOR_PERIOD_S = 0.1
+MAX_BATCHERS_NAMED = 8  # in the finding of batchers behind a gate that do not set its limit
 
 
 class Operations:
@@ -112,8 +113,12 @@ class Operations:
         if batched is self._own_batcher or batched in self._batchers_told:
             return
         self._batchers_told.add(batched)
-        self._batcher_names.append(str(getattr(batched, "__name__", "batched")))
-        self.diagnostics.on_batcher(self.clock(), self._batcher_names)
+        name = str(getattr(batched, "__name__", "batched"))
+        if name in self._batcher_names or len(self._batcher_names) >= MAX_BATCHERS_NAMED:
+            return  # each function once (a factory makes many of one name), and a few at most
+        self._batcher_names.append(name)
+        own = None if self._own_batcher is None else str(getattr(self._own_batcher, "__name__", "batched"))
+        self.diagnostics.on_batcher(self.clock(), self._batcher_names, follows=own)
 
     def _on_probe_error(self, message: str) -> None:
         if self.core.probe_error(message):

@@ -169,11 +169,16 @@ class Diagnostics:
                 "run it in a thread (`anyio.to_thread.run_sync`)",
             )
 
-    def on_batcher(self, now_s: float, names: list[str]) -> None:
-        """Batchers (`names`) ran under gated requests of a gate whose limit is not their capacity.
-        A set-up that lasts: the finding stays until the process ends."""
+    def on_batcher(self, now_s: float, names: list[str], follows: str | None = None) -> None:
+        """Batchers (`names`) ran under gated requests of a gate whose limit is not their capacity
+        (`follows`: the batcher whose capacity it is, where it is one's). A set-up that lasts: the
+        finding stays until the process ends."""
         listed = ", ".join(names)
-        if len(names) == 1:
+        if follows is None:
+            seen = "the gate counts their items one by one as requests (so batches hardly form)"
+        else:
+            seen = f"the gate's limit is {follows}'s capacity, which counts their items as its own"
+        if len(names) == 1 and follows is None:
             advice = (
                 f"pass controller={listed}.gate_controller() to the gate: its limit becomes the batcher's capacity, "
                 "and the batcher reads the card through the gate's sampler"
@@ -186,9 +191,8 @@ class Diagnostics:
         self._raise(
             now_s,
             "batcher_without_its_controller",
-            f"batched functions run behind this gate that do not set its limit ({listed}): the gate counts their "
-            "items one by one as requests (so batches hardly form) and each batcher reads the card on its own: "
-            "two views of one card",
+            f"batched functions run behind this gate that do not set its limit ({listed}): {seen}, and each reads "
+            "the card on its own: two views of one card",
             advice,
         )
 
