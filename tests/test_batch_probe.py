@@ -7,6 +7,8 @@ import gc
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -21,6 +23,8 @@ from starlette.routing import Route
 from adaptive_gate import AdaptiveGate, MemorySample, batch
 from adaptive_gate._batch import probe as _batch_probe
 from adaptive_gate.testing import SimulatedGPU
+
+from .helpers import client_for
 
 pytestmark = pytest.mark.anyio
 
@@ -80,6 +84,13 @@ async def test_a_batched_function_collected_ends_its_threads() -> None:
 # -- behind a gate: one view of the card ------------------------------------------------------------
 
 
+@asynccontextmanager
+async def served(gate: AdaptiveGate) -> AsyncIterator[httpx.AsyncClient]:
+    """The gate with its lifespan running (its sampler reads the card), and a client for it."""
+    async with LifespanManager(gate), client_for(gate) as client:
+        yield client
+
+
 async def test_a_batcher_behind_a_gate_is_collected_with_its_threads_once_both_are_dropped() -> None:
     """The batcher holds the gate's sampler weakly: the gate's options hold the batcher (its
     controller), and a strong way back kept both, the peak watch's thread and the app, for good."""
@@ -88,10 +99,7 @@ async def test_a_batcher_behind_a_gate_is_collected_with_its_threads_once_both_a
     async def serve() -> weakref.ref[Any]:  # its frame, the client and the gate end with it
         gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
         gate, run = gated_batcher(gpu, gpu)
-        async with (
-            LifespanManager(gate),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
-        ):
+        async with served(gate) as client:
             await post_rounds(client, 1, n=4)
         return weakref.ref(run)
 
@@ -165,10 +173,7 @@ async def test_behind_a_gate_the_batcher_reads_the_card_through_the_gates_sample
     gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
     probe = ThreadsThatRead(gpu)
     gate, run = gated_batcher(probe, gpu)
-    async with (
-        LifespanManager(gate),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
-    ):
+    async with served(gate) as client:
         await post_rounds(client, 8)
         alone = max(run.sizes[-10:])
         gpu.set_neighbour(1 * GiB)
@@ -197,10 +202,7 @@ async def test_the_batcher_asks_nothing_of_a_failing_gate_probe_while_the_sample
     gpu = SimulatedGPU(2 * GiB)
     probe = ThreadsThatRead(gpu, fails=True)
     gate, run = gated_batcher(probe, gpu)
-    async with (
-        LifespanManager(gate),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
-    ):
+    async with served(gate) as client:
         for x in range(40):  # one batch each
             assert (await client.post(f"/predict?x={x}")).json() == {"y": x + 1}
         status = (await client.get("/gate/status")).json()
@@ -227,10 +229,7 @@ async def test_a_batcher_behind_a_gate_whose_limit_is_not_its_own_is_a_finding()
     for its_controller in (False, True):
         gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
         gate, _ = gated_batcher(gpu, gpu, its_controller=its_controller)
-        async with (
-            LifespanManager(gate),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
-        ):
+        async with served(gate) as client:
             await post_rounds(client, 2, n=4)
             found[its_controller] = (await client.get("/gate/status")).json()["findings"]
     assert found[True] == []
@@ -260,7 +259,7 @@ async def test_each_batcher_but_the_one_that_sets_the_limit_is_named_in_the_find
         return AdaptiveGate(app, tag=None, probe=None, controller=controller, max_limit=64)
 
     async def findings(gate: AdaptiveGate, names: str) -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client:
+        async with client_for(gate) as client:
             for name in names:
                 assert (await client.post(f"/{name}")).json() == {"y": 1}
             return list((await client.get("/gate/status")).json()["findings"])
@@ -292,7 +291,7 @@ async def test_a_finding_names_each_batched_function_once_however_many_batchers_
         return JSONResponse({"y": await batchers[int(request.query_params["i"])](1)})
 
     gate = AdaptiveGate(Starlette(routes=[Route("/", call, methods=["POST"])]), tag=None, probe=None)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client:
+    async with client_for(gate) as client:
         for i in range(40):
             assert (await client.post(f"/?i={i}")).json() == {"y": 1}
         [finding] = (await client.get("/gate/status")).json()["findings"]
@@ -341,10 +340,7 @@ async def test_with_every_gate_it_read_through_gone_the_batcher_reads_its_own_pr
     gpu = SimulatedGPU(2 * GiB, baseline_bytes=200 * MiB)
 
     async def serve(gate: AdaptiveGate) -> None:
-        async with (
-            LifespanManager(gate),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client,
-        ):
+        async with served(gate) as client:
             await post_rounds(client, 1, n=4)
 
     before = set(threading.enumerate())

@@ -49,13 +49,8 @@ class BatchCapacity:
 
     @property
     def reason(self) -> str:
-        """One line with the figures behind the limit: the batch size, what bounds it, and by memory
-        the units that fit (the status's `controller.reason`)."""
-        stats = self._batched.statistics()
-        bound = stats.bound
-        if bound == "memory" and stats.batch_units is not None:
-            bound = f"memory: {stats.batch_units:g} units fit the room under the target"
-        return f"batch capacity: twice a batch of {stats.batch_size} ({bound}; {stats.probe})"
+        """One line with the figures behind the limit (the status's `controller.why`, a limit change's reason)."""
+        return _why(self._batched.statistics())
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
         if self._bound and (min_limit, max_limit) != (self.min_limit, self.max_limit):
@@ -95,4 +90,12 @@ class BatchCapacity:
             "wait_added_ms_mean": None if wait_s is None else round(wait_s * 1000, 3),
             "probe": stats.probe,
         }
-        return {"controller": "batch_capacity", "bound": "batcher", "why": self.reason, "batching": batching}
+        return {"controller": "batch_capacity", "bound": "batcher", "why": _why(stats), "batching": batching}
+
+
+def _why(stats: BatchStatistics) -> str:
+    """The batch size, what bounds it, by memory the units that fit, and where the readings come from."""
+    bound = stats.bound
+    if bound == "memory" and stats.batch_units is not None:
+        bound = f"memory: {stats.batch_units:g} units fit the room under the target"
+    return f"batch capacity: twice a batch of {stats.batch_size} ({bound}; {stats.probe})"

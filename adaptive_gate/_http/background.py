@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._observe.sampler import BackgroundLoop, Monitor, Sampler
 from ..memory import MemorySample
+from ..probes import Probe
 
 __all__ = ["Background", "serve_lifespan"]
 
@@ -86,6 +87,12 @@ class Background:
         self.ready = True
         if self._ready_event is not None:
             self._ready_event.set()
+
+    @property
+    def probe(self) -> Probe | None:
+        """The probe the sampler reads, while it runs."""
+        sampler = self._sampler
+        return None if sampler is None else sampler.probe
 
     async def read_now(self, timeout_s: float) -> MemorySample | None:
         """A reading on the sampler's thread now, where it runs (`Sampler.read_now`): what a batcher

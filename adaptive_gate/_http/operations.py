@@ -56,7 +56,6 @@ class Operations:
         self.tick_hooks: list[Callable[[], None]] = []  # more work for the monitor's tick
         self._thread_pool_tokens: float | None = None
         self._warned_thread_pool = False
-        self.probe: Probe | None = None  # the sampler's, once it found one
         core.limit_listeners.append(self._limit_changed)
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
@@ -127,7 +126,6 @@ class Operations:
     def _on_probe(self, probe: Probe | None, description: str) -> None:
         description = description or f"probe: {probe!r}"
         simulated = bool(getattr(probe, "simulated", False))
-        self.probe = probe
         self.core.probe_found(description, device_label(probe), simulated=simulated)
         logger.info("adaptive_gate: %s", description)
 
@@ -262,7 +260,7 @@ class SamplerReader:
     @property
     def probe(self) -> Probe | None:
         operations = self._operations()
-        return None if operations is None else operations.probe
+        return None if operations is None else operations.background.probe
 
     @property
     def alive(self) -> bool:
@@ -270,6 +268,4 @@ class SamplerReader:
 
     async def reading(self) -> MemorySample | None:
         operations = self._operations()
-        if operations is None or operations.core.probe.consecutive_errors:
-            return None  # the sampler backs off a failing probe: a batch a millisecond must not hurry it
-        return await operations.background.read_now(operations.options.probe_timeout)
+        return None if operations is None else await operations.background.read_now(operations.options.probe_timeout)

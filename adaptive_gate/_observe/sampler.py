@@ -201,13 +201,20 @@ class Sampler(BackgroundLoop, Generic[T]):
         self._on_error = on_error
         self._random = random.Random()
         self._live: _Live | None = None
+        self._backing_off = False  # the last periodic reading failed: none on demand till one succeeds
+
+    @property
+    def probe(self) -> Probe | None:
+        """The probe the sampler reads while it runs (a batcher's peak watch reads it too)."""
+        return None if self._live is None else self._live.probe
 
     async def read_now(self, timeout_s: float) -> MemorySample | None:
         """A reading taken now on the sampler's thread, for a caller on the sampler's loop (a batcher
         behind the gate, before each batch), apart from the periodic readings: it moves neither
         their schedule, whose random phase is what makes each a fair sample of the card, nor the
         gate's model. None at once where the probe does not run (starting, none, stopped, the loop
-        ended) or the caller is on another loop; None where it fails. It waits at most `timeout_s`
+        ended), where the sampler backs off a failing probe (a batch every few milliseconds must not
+        hurry it), or the caller is on another loop; None where it fails. It waits at most `timeout_s`
         for the periodic reading under way, then at most `timeout_s` for its own.
 
         Its own call is shielded: a caller cancelled meanwhile (a route that gave up) waits for the
@@ -216,7 +223,7 @@ class Sampler(BackgroundLoop, Generic[T]):
         find a healthy probe "hung": an error, a backoff, no readings for the batcher till it cleared.
         """
         live = self._live
-        if live is None or live.token != anyio.lowlevel.current_token():
+        if live is None or self._backing_off or live.token != anyio.lowlevel.current_token():
             return None
         acquired = False
         with anyio.move_on_after(timeout_s):
@@ -304,6 +311,7 @@ class Sampler(BackgroundLoop, Generic[T]):
                 delay_s = min(MAX_BACKOFF_S, delay_s * 2)
             else:
                 delay_s = self._period_s if self._use(sample, before, after) else min(MAX_BACKOFF_S, delay_s * 2)
+            self._backing_off = delay_s != self._period_s
             self._readings_done = self._readings_started
             self._reading_tried()
             jitter = self._random.uniform(1 - JITTER_SHARE, 1 + JITTER_SHARE)
