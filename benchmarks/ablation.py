@@ -406,6 +406,43 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
 }
+# What each rule does, by the name of the variant that takes it out (the benchmarks page's table).
+RULES = {
+    "no OOM bars": "an OOM bars the level it struck at while the card is no roomier",
+    "no mix tail": "a mix of sizes is planned for by its tail, so its OOMs bar no level",
+    "no allocation sizes": "the allocation an OOM names is the new size of inputs that grew, "
+    "or `too_large` where no empty card holds it",
+    "no twofold growth": "the limit grows at most twofold a reading",
+    "whole slots": "the part of a slot the card has room for is filled",
+    "no old sizes": "requests in line from before a shrink weigh the old size",
+    "no own count": "the process's own bytes, where the probe tells them, tell ours from the others'",
+    "no slot held after an OOM": "the slot an OOM frees is held till the next reading",
+    "whole request at a slack fit": "a level that ran out within the slack comes back once it fits without it",
+    "no slot held on a full card": "a slot is held back while the others rise into a full card",
+    "refills on a full card": "then, none of the slots ours free is refilled till the next reading",
+    "any pair a shrink": "a shrink is believed only where no reading just before showed the old size",
+    "a quarter a step": "a shrink moves a quarter of the way at its first pair of readings, the rest at the next",
+    "mean size": "requests of one size are sized by nine tenths of their readings, not their mean",
+    "named size kept across weights": "a size an OOM named gives way to the readings' once routes have weights",
+    "own count against the swing": "the others' rise the own count reads is weighed against the count's slack",
+    "no whole sizes": "readings of whole numbers of one size, some in flight holding none, are that size caught early",
+    "shrink never misread": "a shrink an OOM contradicts is undone",
+    "weights a mix": "slots weighed by what the gate was told are one size a unit, however their readings spread",
+    "no unit seen": "under a `cost`, a unit holds at least the most a reading showed one holding",
+    "no named whole size": "an OOM's size is taken at once where a mix's latest readings hold whole numbers of it",
+    "no whole run": "a mix ends once ten readings in a row hold whole numbers of one size",
+    "no shrink to a named size": "soon after a shrink, an OOM that names less than the old size sets the new one",
+    "short only while learnt": "a whole pair short of those in flight is a catch once four readings taught the size",
+    "shrink dated by its first step": "a shrink is dated from the first request read at the new size",
+    "named size read as a shrink": "a pair whole in a size an OOM named lately is requests caught before they allocate",
+    "fewer allocated a shrink": "so is a pair with a request fewer allocated than the reading before",
+    "one size for a few readings": "an OOM of another size after 64 whole readings is a growth, not a mix",
+    "shares by the model's others": "a busy reading's share is read by the own count where it is believed",
+    "growth by spreads only": "an allocation named past the window's readings is the new size "
+    "where the own count agrees",
+    "no fit of readings that stray": "routes told nothing are weighed by a fit of the readings less the others' bytes "
+    "where no line explains them",
+}
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
 # our requests free on a card that holds many of them, where those admitted into it fail to allocate;

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,16 +163,81 @@ def virtual_rows() -> list[str]:
     return [*rows, "", made_by(document)]
 
 
+MOVE = 0.02  # of the reader's goodput: a row moves without a rule where its goodput moves this far, or one OOM
+
+
+def _moves(full: dict[str, Any], without: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether a row does worse without a rule on one count (less goodput, more OOMs), and whether better."""
+    change, ooms = without["vs_reader"] - full["vs_reader"], without["ooms"] - full["ooms"]
+    return change <= -MOVE or ooms >= 1, change >= MOVE or ooms <= -1
+
+
+Pair = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # an ablation row, the full controller's, the variant's
+
+
+def _most(pairs: list[Pair], key: Callable[[dict[str, Any], dict[str, Any]], float]) -> str:
+    """The row of `pairs` whose (full, without) is largest by `key`, as a cell; "-" where none is above 0."""
+    entry, full, without = max(pairs, key=lambda pair: key(pair[1], pair[2]))
+    if key(full, without) <= 0:
+        return "-"
+    return (
+        f"{entry['scenario']}, {entry['load']}: {full['vs_reader']:.2f} ({full['ooms']}) -> "
+        f"{without['vs_reader']:.2f} ({without['ooms']})"
+    )
+
+
 def ablation_rows() -> list[str]:
-    """`benchmarks/results/ablation.json`: adaptive / reader (and its OOMs) with each rule taken out."""
+    """`benchmarks/results/ablation.json`: each rule, the rows where taking it out costs most goodput and most
+    OOMs (adaptive / reader, and the OOMs in brackets: with the rule -> without), and how many rows do worse
+    without it on one count and no better on the other, better, or both (a trade)."""
+    from .ablation import RULES
+
     document = load("ablation")
     if document is None:
         return []
-    variants = list(document["table"][0]["variants"])
-    rows = ["| scenario | load | " + " | ".join(variants) + " |", "| --- | --- |" + " --- |" * len(variants)]
+    rows = [
+        "| rule | without it, goodput falls most in | OOMs rise most in | rows worse without | better | a trade |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for variant, rule in RULES.items():
+        pairs = [
+            (e, e["variants"]["full"], e["variants"][variant]) for e in document["table"] if variant in e["variants"]
+        ]
+        if not pairs:
+            continue
+        moves = [_moves(full, without) for _, full, without in pairs]
+        worse = sum(w and not b for w, b in moves)
+        better = sum(b and not w for w, b in moves)
+        trades = sum(w and b for w, b in moves)
+
+        falls = _most(pairs, lambda full, without: full["vs_reader"] - without["vs_reader"] - MOVE + 1e-9)
+        rises = _most(pairs, lambda full, without: without["ooms"] - full["ooms"])
+        rows.append(f"| {rule} | {falls} | {rises} | {worse} | {better} | {trades} |")
+    return [*rows, "", made_by(document)]
+
+
+def unseen_rows() -> list[str]:
+    """`benchmarks/results/unseen.json`: the draws of `python -m benchmarks.unseen --suite`, family by family."""
+    from .unseen import DRAWS
+
+    document = load("unseen")
+    if document is None:
+        return []
+    rows = [
+        "| family | what it draws | seeds | loads | missed a target | by what it served | by its OOMs "
+        "| by the way back | the misses | adaptive / reader: median (lowest) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for entry in document["table"]:
-        cells = [f"{v['vs_reader']:.2f} ({v['ooms']})" for v in entry["variants"].values()]
-        rows.append(f"| {entry['scenario']} | {entry['load']} | " + " | ".join(cells) + " |")
+        first, seeds = entry["first_seed"], entry["seeds"]
+        kinds = Counter(miss["scenario"].rsplit("-", 1)[0] for miss in entry["misses"])
+        which = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "-"
+        by = entry["missed_by"]
+        rows.append(
+            f"| `{entry['family']}` | {DRAWS[entry['family']]} | {first}-{first + seeds - 1} | "
+            f"{', '.join(entry['loads'])} | {entry['missed']} of {entry['runs']} | {by['ratio']} | {by['ooms']} | "
+            f"{by['recovery']} | {which} | {entry['median_vs_reader']:.2f} ({entry['lowest_vs_reader']:.2f}) |"
+        )
     return [*rows, "", made_by(document)]
 
 
@@ -334,6 +401,7 @@ def docs_tables() -> dict[str, list[str]]:
     return {
         "scenarios": scenario_list(),
         "virtual": virtual_rows(),
+        "unseen": unseen_rows(),
         "ablation": ablation_rows(),
         "realtime": scenario_rows(),
         "http": http_rows(),

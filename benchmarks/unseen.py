@@ -18,18 +18,26 @@ loop, or the `--loads` given), and flags a run that misses a target: below 0.95 
 OOMs than the reader's plus one per change of the card (a mix of routes: plus 2% of its answers
 while the weights are learnt), or more than a second back to the fit after a neighbour left.
 
-Nothing here is tuned to: the draw is the point. Prints one line a run and the misses at the end.
+Nothing here is tuned to: the draw is the point. Prints one line a run and the misses at the end; `--suite`
+runs every draw the benchmarks page reports and writes `results/unseen.json`, the table there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from adaptive_gate.control import AIMD
 
+from .environment import environment
 from .model import GiB, Phase, Scenario, Size
 from .scenarios import LOADS as ALL_LOADS
 from .virtual import one_run, reader_run, recovery_s, row
@@ -50,6 +58,18 @@ FAMILIES = {
     "route-costs": ["mix-routes-cost"],
     "whole-costs": ["mix-routes-whole"],
 }
+# What each family draws, for the table of the benchmarks page.
+DRAWS = {
+    "neighbours": "a neighbour that comes and goes (greedy or not, one or two), inputs that grow or shrink",
+    "many": "the changes of `neighbours` on cards that hold 12 to 40 requests",
+    "readings": "the changes of `neighbours` and `mixes`, read every 0.05 to 0.5 s, requests of 0.02 to 1 s",
+    "compound": "a neighbour that leaks, flaps or leaves no room; a change beside a neighbour",
+    "late": "the changes of `readings`, each request allocating up to three times its work after admission",
+    "mixes": "two sizes told through `cost` or on two routes",
+    "units": "a mix told through `cost` in a unit that makes no cost whole, allocating late",
+    "route-costs": "a mix of routes, each told a cost off its bytes' ratio by up to half, allocating late",
+    "whole-costs": "`route-costs` with each cost rounded to a whole number",
+}
 # How many requests the card holds, drawn: a few (the model's usual case), or many small ones ("many": a
 # card with room for 12 to 40, where a change meets many requests admitted in the same moment).
 FITS = {
@@ -61,6 +81,23 @@ WORKS_S = [0.02, 0.05, 0.1, 0.3, 1.0]
 LATE_SHARES = [0.25, 0.5, 1.0, 2.0, 3.0]  # the family "late": the most a request waits to allocate, in works
 LOADS = ["2x", "closed-32"]  # by default; `--loads` takes any of `benchmarks.scenarios.LOADS`
 DURATION_S = 60.0
+TARGETS = ("ratio", "ooms", "recovery")  # what a run may miss: 0.95 of the reader, its OOMs, back within 1 s
+RESULTS = Path(__file__).parent / "results" / "unseen.json"
+# The draws the benchmarks page reports (`--suite`): family, first seed, seeds, loads.
+SUITE: list[tuple[str, int, int, tuple[str, ...]]] = [
+    ("neighbours", 0, 130, ("2x", "closed-32")),
+    ("neighbours", 0, 130, ("1x", "4x")),
+    ("many", 0, 60, ("2x", "closed-32")),
+    ("readings", 0, 60, ("2x", "closed-32")),
+    ("compound", 0, 100, ("2x", "closed-32")),
+    ("late", 0, 60, ("2x", "closed-32")),
+    ("mixes", 100, 60, ("2x", "closed-32")),
+    ("mixes", 200, 60, ("2x", "closed-32")),
+    ("units", 0, 60, ("2x", "closed-32")),
+    ("units", 7000, 60, ("2x", "closed-32")),
+    ("route-costs", 0, 60, ("2x", "closed-32")),
+    ("whole-costs", 0, 60, ("2x", "closed-32")),
+]
 
 
 def _fitting(room: int, fit: int, rng: random.Random) -> int:
@@ -228,8 +265,9 @@ def _draw(seed: int, kinds: list[str], fits: tuple[int, int]) -> Scenario:
     )
 
 
-def misses(scenario: Scenario, load: str) -> tuple[str, list[str]]:
-    """One run of the gate and the reader: its line, and the targets it missed."""
+def measured(family: str, seed: int, load: str) -> dict[str, Any]:
+    """One run of the gate and the reader on seed `seed`'s draw of `family`: the figures, and the targets missed."""
+    scenario = of_family(seed, family)
     adaptive = one_run(scenario, AIMD(), load, DURATION_S, 1, cost=scenario.cost)
     reader = reader_run(scenario, load, DURATION_S, 1)
     ours, theirs = row("adaptive", adaptive, recovery_s(scenario, adaptive, DURATION_S)), row("reader", reader)
@@ -247,11 +285,61 @@ def misses(scenario: Scenario, load: str) -> tuple[str, list[str]]:
         ]
         if miss
     ]
-    line = (
-        f"{scenario.name:16s} {load:9s} {ratio:5.2f} of the reader, OOMs {ooms} ({theirs.ooms - theirs.too_large}), "
-        f"back in {ours.recovery_s} s  {' '.join(missed)}  [{scenario.description}]"
+    return {
+        "scenario": scenario.name, "load": load, "vs_reader": round(ratio, 3), "ooms": ooms,
+        "reader_ooms": theirs.ooms - theirs.too_large, "allowed_ooms": round(allowed, 1),
+        "recovery_s": ours.recovery_s, "missed": missed, "description": scenario.description,
+    }  # fmt: skip
+
+
+def line(run: dict[str, Any]) -> str:
+    """What `main` prints of one run of `measured`."""
+    return (
+        f"{run['scenario']:16s} {run['load']:9s} {run['vs_reader']:5.2f} of the reader, OOMs {run['ooms']} "
+        f"({run['reader_ooms']}), back in {run['recovery_s']} s  {' '.join(run['missed'])}  [{run['description']}]"
     )
-    return line, missed
+
+
+def _measured(args: tuple[str, int, str]) -> dict[str, Any]:
+    return measured(*args)
+
+
+def run_draws(
+    family: str, first_seed: int, seeds: int, loads: Sequence[str], jobs: int = 1
+) -> Iterator[dict[str, Any]]:
+    """`measured` for each seed and load, in order; in `jobs` processes where more than one."""
+    work = [(family, seed, load) for seed in range(first_seed, first_seed + seeds) for load in loads]
+    if jobs <= 1:
+        yield from map(_measured, work)
+        return
+    with ProcessPoolExecutor(jobs) as pool:
+        yield from pool.map(_measured, work, chunksize=4)
+
+
+def summed(
+    family: str, first_seed: int, seeds: int, loads: Sequence[str], runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One line of the suite's table: how many of `runs` missed a target, by which, and the ratios."""
+    ratios = sorted(run["vs_reader"] for run in runs)
+    return {
+        "family": family, "first_seed": first_seed, "seeds": seeds, "loads": list(loads), "runs": len(runs),
+        "missed": sum(bool(run["missed"]) for run in runs),
+        "missed_by": {target: sum(target in run["missed"] for run in runs) for target in TARGETS},
+        "median_vs_reader": statistics.median(ratios), "lowest_vs_reader": ratios[0],
+        "misses": [run for run in runs if run["missed"]],
+    }  # fmt: skip
+
+
+def suite(jobs: int) -> None:
+    """Every draw of `SUITE`, written to `results/unseen.json` (the table of the benchmarks page)."""
+    table = []
+    for family, first_seed, seeds, loads in SUITE:
+        runs = list(run_draws(family, first_seed, seeds, loads, jobs))
+        table.append(summed(family, first_seed, seeds, loads, runs))
+        print(f"{family:12s} from seed {first_seed:6d}, {seeds} seeds, {','.join(loads):14s} "
+              f"{table[-1]['missed']} of {len(runs)} runs missed a target", flush=True)  # fmt: skip
+    document = {"environment": environment(), "command": "python -m benchmarks.unseen --suite", "table": table}
+    RESULTS.write_text(json.dumps(document, indent=1) + "\n")
 
 
 def main() -> None:
@@ -261,21 +349,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=60, help="how many seeds (default 60)")
     known = ", ".join(ALL_LOADS)
     parser.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated, of {known} (default %(default)s)")
+    parser.add_argument(
+        "--suite", action="store_true", help=f"run every draw the benchmarks page reports and write {RESULTS.name}"
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.suite:
+        suite(args.jobs)
+        return
     loads = args.loads.split(",")
     unknown = [load for load in loads if load not in ALL_LOADS]
     if unknown:
         parser.error(f"unknown load {', '.join(unknown)}: choose among {', '.join(ALL_LOADS)}")
-    missed_runs = 0
-    runs = 0
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        scenario = of_family(seed, args.family)
-        for load in loads:
-            line, missed = misses(scenario, load)
-            print(line, flush=True)
-            runs += 1
-            missed_runs += bool(missed)
-    print(f"{missed_runs} of {runs} runs missed a target")
+    runs = []
+    for run in run_draws(args.family, args.first_seed, args.seeds, loads, args.jobs):
+        print(line(run), flush=True)
+        runs.append(run)
+    print(f"{sum(bool(run['missed']) for run in runs)} of {len(runs)} runs missed a target")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import pytest
 from adaptive_gate._gate.too_large import RETRY_S
 from adaptive_gate.control import AIMD
 from adaptive_gate.simulation import SimulationResult, simulate
-from benchmarks import report
-from benchmarks.ablation import VARIANTS
+from benchmarks import report, unseen
+from benchmarks.ablation import RULES, VARIANTS
 from benchmarks.model import GiB, Phase, Scenario, Size
 from benchmarks.report import README, rendered, summary_rows
 from benchmarks.scenarios import SCENARIOS, middle_third
@@ -628,3 +628,65 @@ def test_every_variant_of_the_ablation_drives_the_neighbour_scenario(variant: st
     changed) stops `benchmarks.ablation` half-way; each runs ten seconds of the neighbour scenario here."""
     result = one_run(SCENARIOS["neighbour"], VARIANTS[variant](), "2x", 10.0, 1)
     assert result.completed > 0
+
+
+def test_every_rule_the_ablation_takes_out_is_said_in_its_table() -> None:
+    """The benchmarks page's ablation table has a row a rule, in words (`benchmarks.ablation.RULES`): a
+    variant added without them would be measured and never shown."""
+    assert set(RULES) == set(VARIANTS) - {"full"}
+
+
+def test_the_ablation_table_shows_where_taking_a_rule_out_costs_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row a rule: the run where goodput falls most without it, the run where OOMs rise most, and how many
+    runs do worse (on one count, no better on the other), better, or both."""
+    rule = next(iter(RULES))
+    runs = [
+        ("a", {"vs_reader": 0.99, "ooms": 0}, {"vs_reader": 0.80, "ooms": 0}),  # worse: goodput
+        ("b", {"vs_reader": 0.99, "ooms": 1}, {"vs_reader": 0.99, "ooms": 9}),  # worse: OOMs
+        ("c", {"vs_reader": 0.90, "ooms": 9}, {"vs_reader": 0.80, "ooms": 2}),  # a trade
+        ("d", {"vs_reader": 0.90, "ooms": 0}, {"vs_reader": 0.95, "ooms": 0}),  # better
+        ("e", {"vs_reader": 0.90, "ooms": 0}, {"vs_reader": 0.91, "ooms": 0}),  # no move
+    ]
+    table = [
+        {"scenario": name, "load": "2x", "variants": {"full": full, rule: without}} for name, full, without in runs
+    ]
+    (tmp_path / "ablation.json").write_text(json.dumps({"command": "python -m benchmarks.ablation", "table": table}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    rows = report.ablation_rows()
+    assert len(rows) == 2 + 1 + 2  # the header, one rule (the others have no run), and the line under the table
+    assert rows[2] == f"| {RULES[rule]} | a, 2x: 0.99 (0) -> 0.80 (0) | b, 2x: 0.99 (1) -> 0.99 (9) | 2 | 1 | 1 |"
+
+
+def test_the_unseen_table_counts_the_misses_by_target_and_by_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m benchmarks.unseen --suite`'s document, a row a family: the runs that missed, by target and by
+    the kind of change drawn, and the ratios' median and lowest."""
+
+    def run(name: str, ratio: float, missed: list[str]) -> dict[str, object]:
+        return {"scenario": name, "load": "2x", "vs_reader": ratio, "ooms": 0, "reader_ooms": 0, "allowed_ooms": 1,
+                "recovery_s": None, "missed": missed, "description": ""}  # fmt: skip
+
+    runs = [run("growth-1", 0.99, ["ooms"]), run("growth-2", 0.90, ["ratio", "ooms"]), run("shrink-3", 0.97, [])]
+    runs.append(run("neighbour2-4", 1.0, ["recovery"]))
+    entry = unseen.summed("neighbours", 1, 4, ["2x"], runs)
+    assert entry["missed"] == 3 and entry["missed_by"] == {"ratio": 1, "ooms": 2, "recovery": 1}
+    assert entry["median_vs_reader"] == 0.98 and entry["lowest_vs_reader"] == 0.90
+    (tmp_path / "unseen.json").write_text(
+        json.dumps({"command": "python -m benchmarks.unseen --suite", "table": [entry]})
+    )
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    row = report.unseen_rows()[2]
+    assert row == (
+        f"| `neighbours` | {unseen.DRAWS['neighbours']} | 1-4 | 2x | 3 of 4 | 1 | 2 | 1 | growth 2, neighbour2 1 | "
+        "0.98 (0.90) |"
+    )
+
+
+def test_the_unseen_draws_measure_the_same_in_several_processes() -> None:
+    """`--jobs`: the draws run in other processes give the lines one process gives, in the same order."""
+    alone = list(unseen.run_draws("mixes", 100, 2, ["2x"], jobs=1))
+    assert list(unseen.run_draws("mixes", 100, 2, ["2x"], jobs=2)) == alone
+    assert [run["scenario"] for run in alone] == [of_family(seed, "mixes").name for seed in (100, 101)]
