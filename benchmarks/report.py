@@ -163,22 +163,33 @@ def virtual_rows() -> list[str]:
     return [*rows, "", made_by(document)]
 
 
-MOVE = 0.02  # of the reader's goodput: a row moves without a rule where its goodput moves this far, or one OOM
+# A run moves without a rule where its goodput moves by this share of the reader's, or by one OOM.
+MOVE_SHARE = 0.02
+Figures = dict[str, Any]  # one controller's figures in one run of the ablation: `vs_reader` and `ooms`
+AblationRun = tuple[dict[str, Any], Figures, Figures]  # a run of the ablation, the full controller's, the variant's
 
 
-def _moves(full: dict[str, Any], without: dict[str, Any]) -> tuple[bool, bool]:
-    """Whether a row does worse without a rule on one count (less goodput, more OOMs), and whether better."""
-    change, ooms = without["vs_reader"] - full["vs_reader"], without["ooms"] - full["ooms"]
-    return change <= -MOVE or ooms >= 1, change >= MOVE or ooms <= -1
+def _goodput_fell(full: Figures, without: Figures) -> float:
+    """How far goodput fell without the rule, in shares of the reader's, beyond `MOVE_SHARE` (> 0: it moved)."""
+    return full["vs_reader"] - without["vs_reader"] - MOVE_SHARE + 1e-9  # a hair: 0.30 -> 0.28 is a move
 
 
-Pair = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # an ablation row, the full controller's, the variant's
+def _ooms_rose(full: Figures, without: Figures) -> float:
+    """How many more OOMs without the rule, less the one that makes a move (>= 0: it moved)."""
+    return without["ooms"] - full["ooms"] - 1
 
 
-def _most(pairs: list[Pair], key: Callable[[dict[str, Any], dict[str, Any]], float]) -> str:
-    """The row of `pairs` whose (full, without) is largest by `key`, as a cell; "-" where none is above 0."""
-    entry, full, without = max(pairs, key=lambda pair: key(pair[1], pair[2]))
-    if key(full, without) <= 0:
+def _moves(full: Figures, without: Figures) -> tuple[bool, bool]:
+    """Whether a run does worse without a rule on one count (less goodput, more OOMs), and whether better."""
+    worse = _goodput_fell(full, without) > 0 or _ooms_rose(full, without) >= 0
+    better = _goodput_fell(without, full) > 0 or _ooms_rose(without, full) >= 0
+    return worse, better
+
+
+def _most(runs: list[AblationRun], amount: Callable[[Figures, Figures], float], least: float) -> str:
+    """The run of `runs` where `amount` (full, without) is largest, as a cell; "-" where none reaches `least`."""
+    entry, full, without = max(runs, key=lambda run: amount(run[1], run[2]))
+    if amount(full, without) < least:
         return "-"
     return (
         f"{entry['scenario']}, {entry['load']}: {full['vs_reader']:.2f} ({full['ooms']}) -> "
@@ -187,31 +198,31 @@ def _most(pairs: list[Pair], key: Callable[[dict[str, Any], dict[str, Any]], flo
 
 
 def ablation_rows() -> list[str]:
-    """`benchmarks/results/ablation.json`: each rule, the rows where taking it out costs most goodput and most
-    OOMs (adaptive / reader, and the OOMs in brackets: with the rule -> without), and how many rows do worse
-    without it on one count and no better on the other, better, or both (a trade)."""
+    """`benchmarks/results/ablation.json`: each rule, the runs where taking it out costs most goodput and most
+    OOMs (adaptive / reader, and the OOMs in brackets: with the rule -> without; "-" where it costs neither),
+    and how many runs do worse without it on one count and no better on the other, better, or both (a trade)."""
     from .ablation import RULES
 
     document = load("ablation")
     if document is None:
         return []
     rows = [
-        "| rule | without it, goodput falls most in | OOMs rise most in | rows worse without | better | a trade |",
+        "| rule | without it, goodput falls most in | OOMs rise most in | runs worse without | better | a trade |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for variant, rule in RULES.items():
-        pairs = [
-            (e, e["variants"]["full"], e["variants"][variant]) for e in document["table"] if variant in e["variants"]
+        runs: list[AblationRun] = [
+            (entry, entry["variants"]["full"], entry["variants"][variant])
+            for entry in document["table"]
+            if variant in entry["variants"] and "full" in entry["variants"]
         ]
-        if not pairs:
+        if not runs:
             continue
-        moves = [_moves(full, without) for _, full, without in pairs]
+        moves = [_moves(full, without) for _, full, without in runs]
         worse = sum(w and not b for w, b in moves)
         better = sum(b and not w for w, b in moves)
         trades = sum(w and b for w, b in moves)
-
-        falls = _most(pairs, lambda full, without: full["vs_reader"] - without["vs_reader"] - MOVE + 1e-9)
-        rises = _most(pairs, lambda full, without: without["ooms"] - full["ooms"])
+        falls, rises = _most(runs, _goodput_fell, least=1e-12), _most(runs, _ooms_rose, least=0)
         rows.append(f"| {rule} | {falls} | {rises} | {worse} | {better} | {trades} |")
     return [*rows, "", made_by(document)]
 
@@ -228,13 +239,16 @@ def unseen_rows() -> list[str]:
         "| by the way back | the misses | adaptive / reader: median (lowest) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    shown: set[str] = set()  # families whose draws a row above said
     for entry in document["table"]:
-        first, seeds = entry["first_seed"], entry["seeds"]
-        kinds = Counter(miss["scenario"].rsplit("-", 1)[0] for miss in entry["misses"])
+        first, seeds, family = entry["first_seed"], entry["seeds"], entry["family"]
+        draws = "" if family in shown else DRAWS.get(family, "")
+        shown.add(family)
+        kinds = Counter(miss["scenario"].rsplit("-", 1)[0] for miss in entry["misses"])  # "mix-routes-whole-3"
         which = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "-"
         by = entry["missed_by"]
         rows.append(
-            f"| `{entry['family']}` | {DRAWS[entry['family']]} | {first}-{first + seeds - 1} | "
+            f"| `{family}` | {draws} | {first}-{first + seeds - 1} | "
             f"{', '.join(entry['loads'])} | {entry['missed']} of {entry['runs']} | {by['ratio']} | {by['ooms']} | "
             f"{by['recovery']} | {which} | {entry['median_vs_reader']:.2f} ({entry['lowest_vs_reader']:.2f}) |"
         )

@@ -30,7 +30,8 @@ import os
 import random
 import statistics
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ SUITE: list[tuple[str, int, int, tuple[str, ...]]] = [
     ("neighbours", 0, 130, ("1x", "4x")),
     ("many", 0, 60, ("2x", "closed-32")),
     ("readings", 0, 60, ("2x", "closed-32")),
+    *[("readings", first, 40, ("2x", "closed-32")) for first in (5000, 7000, 13000, 17000, 23000)],
+    ("readings", 71000, 60, ("2x", "closed-32")),
+    ("neighbours", 61000, 60, ("2x", "closed-32")),
     ("compound", 0, 100, ("2x", "closed-32")),
     ("late", 0, 60, ("2x", "closed-32")),
     ("mixes", 100, 60, ("2x", "closed-32")),
@@ -300,26 +304,21 @@ def line(run: dict[str, Any]) -> str:
     )
 
 
-def _measured(args: tuple[str, int, str]) -> dict[str, Any]:
-    return measured(*args)
-
-
 def run_draws(
-    family: str, first_seed: int, seeds: int, loads: Sequence[str], jobs: int = 1
+    family: str, first_seed: int, seeds: int, loads: Sequence[str], pool: Executor | None = None
 ) -> Iterator[dict[str, Any]]:
-    """`measured` for each seed and load, in order; in `jobs` processes where more than one."""
-    work = [(family, seed, load) for seed in range(first_seed, first_seed + seeds) for load in loads]
-    if jobs <= 1:
-        yield from map(_measured, work)
-        return
-    with ProcessPoolExecutor(jobs) as pool:
-        yield from pool.map(_measured, work, chunksize=4)
+    """`measured` for each seed and load, in order; on `pool`'s processes where given."""
+    draws = [(seed, load) for seed in range(first_seed, first_seed + seeds) for load in loads]
+    families, seed_list, load_list = [family] * len(draws), [seed for seed, _ in draws], [load for _, load in draws]
+    yield from (pool.map if pool is not None else map)(measured, families, seed_list, load_list)
 
 
 def summed(
     family: str, first_seed: int, seeds: int, loads: Sequence[str], runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """One line of the suite's table: how many of `runs` missed a target, by which, and the ratios."""
+    if not runs:
+        raise ValueError(f"no runs of {family} from seed {first_seed} to sum: give at least one seed and one load")
     ratios = sorted(run["vs_reader"] for run in runs)
     return {
         "family": family, "first_seed": first_seed, "seeds": seeds, "loads": list(loads), "runs": len(runs),
@@ -333,13 +332,22 @@ def summed(
 def suite(jobs: int) -> None:
     """Every draw of `SUITE`, written to `results/unseen.json` (the table of the benchmarks page)."""
     table = []
-    for family, first_seed, seeds, loads in SUITE:
-        runs = list(run_draws(family, first_seed, seeds, loads, jobs))
-        table.append(summed(family, first_seed, seeds, loads, runs))
-        print(f"{family:12s} from seed {first_seed:6d}, {seeds} seeds, {','.join(loads):14s} "
-              f"{table[-1]['missed']} of {len(runs)} runs missed a target", flush=True)  # fmt: skip
+    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        for family, first_seed, seeds, loads in SUITE:
+            runs = list(run_draws(family, first_seed, seeds, loads, pool))
+            table.append(summed(family, first_seed, seeds, loads, runs))
+            print(f"{family:12s} from seed {first_seed:6d}, {seeds} seeds, {','.join(loads):14s} "
+                  f"{table[-1]['missed']} of {len(runs)} runs missed a target", flush=True)  # fmt: skip
     document = {"environment": environment(), "command": "python -m benchmarks.unseen --suite", "table": table}
     RESULTS.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every system
+        return os.cpu_count() or 1
 
 
 def main() -> None:
@@ -352,11 +360,15 @@ def main() -> None:
     parser.add_argument(
         "--suite", action="store_true", help=f"run every draw the benchmarks page reports and write {RESULTS.name}"
     )
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)")
+    parser.add_argument("--jobs", type=int, default=_cores(), help="processes (default: one a core)")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.suite:
+        chosen = [f"--{name.replace('_', '-')}" for name in ("family", "first_seed", "seeds", "loads")
+                  if getattr(args, name) != parser.get_default(name)]  # fmt: skip
+        if chosen:
+            parser.error(f"--suite runs the draws of SUITE: drop {', '.join(chosen)}, or drop --suite to run those")
         suite(args.jobs)
         return
     loads = args.loads.split(",")
@@ -364,9 +376,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown load {', '.join(unknown)}: choose among {', '.join(ALL_LOADS)}")
     runs = []
-    for run in run_draws(args.family, args.first_seed, args.seeds, loads, args.jobs):
-        print(line(run), flush=True)
-        runs.append(run)
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        for run in run_draws(args.family, args.first_seed, args.seeds, loads, pool):
+            print(line(run), flush=True)
+            runs.append(run)
     print(f"{sum(bool(run['missed']) for run in runs)} of {len(runs)} runs missed a target")
 
 

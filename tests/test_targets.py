@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -639,54 +642,75 @@ def test_every_rule_the_ablation_takes_out_is_said_in_its_table() -> None:
 def test_the_ablation_table_shows_where_taking_a_rule_out_costs_most(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A row a rule: the run where goodput falls most without it, the run where OOMs rise most, and how many
-    runs do worse (on one count, no better on the other), better, or both."""
-    rule = next(iter(RULES))
+    """A row a rule: the run where goodput falls most without it, the run where OOMs rise most ("-" where none
+    moves), and how many runs do worse (on one count, no better on the other), better, or both. A move is 0.02 of
+    the reader's goodput, or one OOM, exactly."""
+    first, second, third = list(RULES)[:3]
     runs = [
         ("a", {"vs_reader": 0.99, "ooms": 0}, {"vs_reader": 0.80, "ooms": 0}),  # worse: goodput
         ("b", {"vs_reader": 0.99, "ooms": 1}, {"vs_reader": 0.99, "ooms": 9}),  # worse: OOMs
         ("c", {"vs_reader": 0.90, "ooms": 9}, {"vs_reader": 0.80, "ooms": 2}),  # a trade
         ("d", {"vs_reader": 0.90, "ooms": 0}, {"vs_reader": 0.95, "ooms": 0}),  # better
         ("e", {"vs_reader": 0.90, "ooms": 0}, {"vs_reader": 0.91, "ooms": 0}),  # no move
+        ("f", {"vs_reader": 0.30, "ooms": 3}, {"vs_reader": 0.28, "ooms": 3}),  # worse: goodput, by a move exactly
+        ("h", {"vs_reader": 0.50, "ooms": 2}, {"vs_reader": 0.50, "ooms": 3}),  # worse: OOMs, by a move exactly
     ]
     table = [
-        {"scenario": name, "load": "2x", "variants": {"full": full, rule: without}} for name, full, without in runs
+        {"scenario": name, "load": "2x", "variants": {"full": full, first: without, second: full, third: without}}
+        for name, full, without in runs
     ]
+    table.append({"scenario": "g", "load": "2x", "variants": {"full": {"vs_reader": 1.0, "ooms": 0}}})  # no variants
     (tmp_path / "ablation.json").write_text(json.dumps({"command": "python -m benchmarks.ablation", "table": table}))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     rows = report.ablation_rows()
-    assert len(rows) == 2 + 1 + 2  # the header, one rule (the others have no run), and the line under the table
-    assert rows[2] == f"| {RULES[rule]} | a, 2x: 0.99 (0) -> 0.80 (0) | b, 2x: 0.99 (1) -> 0.99 (9) | 2 | 1 | 1 |"
+    assert len(rows) == 2 + 3 + 2  # the header, three rules (the others have no run), the line under the table
+    assert rows[2] == f"| {RULES[first]} | a, 2x: 0.99 (0) -> 0.80 (0) | b, 2x: 0.99 (1) -> 0.99 (9) | 4 | 1 | 1 |"
+    assert rows[3] == f"| {RULES[second]} | - | - | 0 | 0 | 0 |"  # taken out, nothing moved
 
 
 def test_the_unseen_table_counts_the_misses_by_target_and_by_kind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`python -m benchmarks.unseen --suite`'s document, a row a family: the runs that missed, by target and by
-    the kind of change drawn, and the ratios' median and lowest."""
+    the kind of change drawn (most first; a kind's name has hyphens of its own), and the ratios' median and
+    lowest. A family's draws are said on its first row."""
 
     def run(name: str, ratio: float, missed: list[str]) -> dict[str, object]:
         return {"scenario": name, "load": "2x", "vs_reader": ratio, "ooms": 0, "reader_ooms": 0, "allowed_ooms": 1,
                 "recovery_s": None, "missed": missed, "description": ""}  # fmt: skip
 
-    runs = [run("growth-1", 0.99, ["ooms"]), run("growth-2", 0.90, ["ratio", "ooms"]), run("shrink-3", 0.97, [])]
-    runs.append(run("neighbour2-4", 1.0, ["recovery"]))
+    runs = [run("neighbour2-4", 1.0, ["recovery"]), run("mix-routes-whole-1", 0.99, ["ooms"])]
+    runs += [run("mix-routes-whole-2", 0.90, ["ratio", "ooms"]), run("shrink-3", 0.97, [])]
     entry = unseen.summed("neighbours", 1, 4, ["2x"], runs)
     assert entry["missed"] == 3 and entry["missed_by"] == {"ratio": 1, "ooms": 2, "recovery": 1}
     assert entry["median_vs_reader"] == 0.98 and entry["lowest_vs_reader"] == 0.90
-    (tmp_path / "unseen.json").write_text(
-        json.dumps({"command": "python -m benchmarks.unseen --suite", "table": [entry]})
-    )
+    again = unseen.summed("neighbours", 7, 1, ["4x"], runs[3:])
+    document = {"command": "python -m benchmarks.unseen --suite", "table": [entry, again]}
+    (tmp_path / "unseen.json").write_text(json.dumps(document))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    row = report.unseen_rows()[2]
-    assert row == (
-        f"| `neighbours` | {unseen.DRAWS['neighbours']} | 1-4 | 2x | 3 of 4 | 1 | 2 | 1 | growth 2, neighbour2 1 | "
-        "0.98 (0.90) |"
+    rows = report.unseen_rows()
+    assert rows[2] == (
+        f"| `neighbours` | {unseen.DRAWS['neighbours']} | 1-4 | 2x | 3 of 4 | 1 | 2 | 1 | mix-routes-whole 2, "
+        "neighbour2 1 | 0.98 (0.90) |"
     )
+    assert rows[3] == "| `neighbours` |  | 7-7 | 4x | 0 of 1 | 0 | 0 | 0 | - | 0.97 (0.97) |"
+    with pytest.raises(ValueError, match="no runs"):
+        unseen.summed("neighbours", 1, 0, ["2x"], [])
 
 
 def test_the_unseen_draws_measure_the_same_in_several_processes() -> None:
-    """`--jobs`: the draws run in other processes give the lines one process gives, in the same order."""
-    alone = list(unseen.run_draws("mixes", 100, 2, ["2x"], jobs=1))
-    assert list(unseen.run_draws("mixes", 100, 2, ["2x"], jobs=2)) == alone
-    assert [run["scenario"] for run in alone] == [of_family(seed, "mixes").name for seed in (100, 101)]
+    """`--jobs`: the draws run on a pool of processes give the lines one process gives, in the same order."""
+    alone = list(unseen.run_draws("mixes", 100, 5, ["2x", "closed-32"]))
+    with ProcessPoolExecutor(2) as pool:
+        assert list(unseen.run_draws("mixes", 100, 5, ["2x", "closed-32"], pool)) == alone
+    assert [(run["scenario"], run["load"]) for run in alone] == [
+        (of_family(seed, "mixes").name, load) for seed in range(100, 105) for load in ("2x", "closed-32")
+    ]
+
+
+def test_the_unseen_suite_takes_no_other_choice_of_draws(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--suite` runs the draws the page reports and writes them: with `--family` (or seeds, loads) beside it,
+    it would run the whole suite and overwrite the results where the user meant one family."""
+    with mock.patch.object(sys, "argv", ["unseen", "--suite", "--family", "late"]), pytest.raises(SystemExit):
+        unseen.main()
+    assert "drop --family" in capsys.readouterr().err
