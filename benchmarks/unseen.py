@@ -31,7 +31,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -329,10 +329,15 @@ def summed(
     }  # fmt: skip
 
 
+def processes(jobs: int) -> AbstractContextManager[Executor | None]:
+    """A pool of `jobs` processes for `run_draws`, or none (this process) for one."""
+    return ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext()
+
+
 def suite(jobs: int) -> None:
     """Every draw of `SUITE`, written to `results/unseen.json` (the table of the benchmarks page)."""
     table = []
-    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+    with processes(jobs) as pool:
         for family, first_seed, seeds, loads in SUITE:
             runs = list(run_draws(family, first_seed, seeds, loads, pool))
             table.append(summed(family, first_seed, seeds, loads, runs))
@@ -376,7 +381,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown load {', '.join(unknown)}: choose among {', '.join(ALL_LOADS)}")
     runs = []
-    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+    with processes(args.jobs) as pool:
         for run in run_draws(args.family, args.first_seed, args.seeds, loads, pool):
             print(line(run), flush=True)
             runs.append(run)
