@@ -27,6 +27,9 @@ GiB = 2**30
 UNDER_LOAD = 1 / 64  # a cost's quantum: under a bar, a budget stays this far under the slots that ran out
 DOUBLING_S = 0.1  # with readings further apart than this, the limit may double once per so long
 MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
+# In a mix, an OOM with no more than this share of the cap in flight is no pile-up of its large ones, which the
+# tail plans for at the cap: the card changed (a neighbour came), and the slots it freed wait for the next reading.
+PILE_UP_SHARE = 0.5
 
 
 @runtime_checkable
@@ -306,7 +309,10 @@ class AIMD(_Bounds):
         """Optional in the protocol, after `on_oom`: the slots that stay in flight once the failed
         request has left. Where memory is read, the limit is at most that until the next reading: what
         took the failed request's room has not been read yet, and a slot refilled at once runs out too."""
-        if not self._reads_memory() or self.memory.is_mix():
+        if not self._reads_memory():
+            return
+        cap = self.memory.cap()
+        if self.memory.is_mix() and (cap is None or in_flight + 1 > PILE_UP_SHARE * cap):
             return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
