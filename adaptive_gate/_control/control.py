@@ -311,9 +311,10 @@ class AIMD(_Bounds):
         took the failed request's room has not been read yet, and a slot refilled at once runs out too."""
         if not self._reads_memory():
             return
-        cap = self.memory.cap()
-        if self.memory.is_mix() and (cap is None or in_flight + 1 > PILE_UP_SHARE * cap):
-            return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
+        if self.memory.is_mix():
+            cap = self.memory.cap()
+            if cap is None or in_flight + 1 > PILE_UP_SHARE * cap:
+                return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
             # Pressed still: what ours free goes on being the others' (`on_success` takes it back)
