@@ -1081,16 +1081,23 @@ def test_a_request_a_little_larger_than_the_model_says_bars_its_level_as_any_oom
     assert c.limit == 4 and c.describe()["bound"] == "oom"
 
 
+def a_mix(total_bytes: int) -> AIMD:
+    """An `AIMD` that read three seconds of two requests at a time, of 1.5 or 6 GiB, beside 8 GiB of others'
+    bytes on a card of `total_bytes`: sizes it cannot tell apart (a mix)."""
+    c = AIMD()
+    bound(c, initial=1)
+    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, total_bytes), in_flight=0)
+    sums_gib = [3, 7.5, 12, 4.5, 9, 7.5, 3, 12, 7.5, 4.5]  # two requests each time
+    for i, used_gib in enumerate(sums_gib * 3):
+        c.on_sample(now_s=0.1 * (i + 1), sample=MemorySample(int((8 + used_gib) * GiB), total_bytes), in_flight=2)
+    assert c.memory.is_mix()
+    return c
+
+
 def test_a_mix_learns_how_heavy_a_tail_to_plan_for_from_its_ooms() -> None:
     """Sizes the gate cannot tell apart (1.5 GiB and 6 GiB): an OOM there is their large ones
     meeting. It bars no level; it makes the cap plan for a heavier tail, which successes relax."""
-    c = AIMD()
-    bound(c, initial=1)
-    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, TOTAL), in_flight=0)
-    sums_gib = [3, 7.5, 12, 4.5, 9, 7.5, 3, 12, 7.5, 4.5]  # two requests each time
-    for i, used_gib in enumerate(sums_gib * 3):
-        c.on_sample(now_s=0.1 * (i + 1), sample=MemorySample(int((8 + used_gib) * GiB), TOTAL), in_flight=2)
-    assert c.memory.is_mix()
+    c = a_mix(TOTAL)
     before, z = c.memory.cap(), c.memory.z
     for _ in range(8):
         c.on_oom(now_s=4.0, epoch=c.epoch, in_flight=4)
@@ -2207,13 +2214,8 @@ def test_an_oom_in_a_mix_with_few_in_flight_holds_the_slots_it_freed_till_the_ne
     answered 503 beside a neighbour that had taken the card came straight back in and ran out again: 10 to 29
     OOMs at its arrival with 8 clients, where 5 to 6 with it."""
     card = 48 * GiB
-    c = AIMD()
-    bound(c, initial=1)
-    c.on_sample(now_s=0.0, sample=MemorySample(8 * GiB, card), in_flight=0)
-    sums_gib = [3, 7.5, 12, 4.5, 9, 7.5, 3, 12, 7.5, 4.5]  # two requests each time
-    for i, used_gib in enumerate(sums_gib * 3):
-        c.on_sample(now_s=0.1 * (i + 1), sample=MemorySample(int((8 + used_gib) * GiB), card), in_flight=2)
-    assert c.memory.is_mix() and c.limit == 8
+    c = a_mix(card)
+    assert c.limit == 8
     c.on_oom(now_s=3.01, epoch=c.epoch, in_flight=8)
     c.after_oom(7.0)
     assert c.limit == 8 and c.describe()["bound"] == "memory"  # the cap in flight: a pile-up
