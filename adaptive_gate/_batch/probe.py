@@ -156,11 +156,11 @@ class BatchProbe:
 
     async def read(self) -> MemorySample | None:
         """A reading now, or None (no probe, or it failed: counted, and the batch runs without it)."""
-        if self.readers and self._forget_dead():
+        if self._forget_dead():
             return await self._read_through()
         if not self._resolved:
             await self._resolve()
-            if self.readers and self._forget_dead():  # a gate was built meanwhile
+            if self._forget_dead():  # a gate was built meanwhile
                 return await self._read_through()
         if self.probe is None:
             return None
