@@ -28,7 +28,8 @@ UNDER_LOAD = 1 / 64  # a cost's quantum: under a bar, a budget stays this far un
 DOUBLING_S = 0.1  # with readings further apart than this, the limit may double once per so long
 MAX_OOM_HOLD_S = 600.0  # without readings, the longest a level that ran out is held (a long quiet spell forgets it)
 # In a mix, an OOM with no more than this share of the cap in flight is no pile-up of its large ones, which the
-# tail plans for at the cap: the card changed (a neighbour came), and the slots it freed wait for the next reading.
+# tail plans for at the cap: the card changed (a neighbour came). It plans no heavier tail, and the slots it freed
+# wait for the next reading.
 PILE_UP_SHARE = 0.5
 
 
@@ -252,7 +253,9 @@ class AIMD(_Bounds):
                 # Admitted before the last correction: the same pile-up, corrected already.
                 return
             if placed and mix:
-                self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
+                if self._piled_up(in_flight):
+                    self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
+                # else the card changed (a neighbour came): the next reading says how (`after_oom` holds till it)
             elif not learned:
                 # The model said `level` fitted in the room the card had: it did not. Kept, with that
                 # room, until the card reads roomier; briefly where the evidence is weaker (the app's
@@ -311,10 +314,8 @@ class AIMD(_Bounds):
         took the failed request's room has not been read yet, and a slot refilled at once runs out too."""
         if not self._reads_memory():
             return
-        if self.memory.is_mix():
-            cap = self.memory.cap()
-            if cap is None or in_flight + 1 > PILE_UP_SHARE * cap:
-                return  # in a mix, an OOM is its large ones meeting: the next reading explains nothing
+        if self.memory.is_mix() and self._piled_up(in_flight + 1):
+            return  # its large ones meeting: the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
             # Pressed still: what ours free goes on being the others' (`on_success` takes it back)
@@ -322,6 +323,12 @@ class AIMD(_Bounds):
             if self._pressed_hold() is None:
                 self._until_reading_cause = "oom"
         self._update("out of memory", at_most=self._limit)
+
+    def _piled_up(self, in_flight: float) -> bool:
+        """In a mix, whether an OOM with `in_flight` (the failed request included) is its large ones meeting,
+        which the tail plans for at the cap: not with `PILE_UP_SHARE` of the cap or fewer in flight."""
+        cap = self.memory.cap()
+        return cap is None or in_flight > PILE_UP_SHARE * cap
 
     def allocation_failed(self, nbytes: float, units: float) -> bool:
         """Optional in the protocol, before `on_oom`: the OOM of a request of `units` named the
