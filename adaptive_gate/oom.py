@@ -3,7 +3,8 @@
 Frameworks disagree on how an OOM looks: PyTorch raises `torch.OutOfMemoryError` (a
 `RuntimeError`) from its allocator and `torch.AcceleratorError("CUDA error: out of memory")` from
 the runtime; CuPy has its own `OutOfMemoryError`; JAX/XLA says `RESOURCE_EXHAUSTED`; ONNX Runtime
-says "Failed to allocate memory". Importing them to use `isinstance` would drag gigabytes into a
+says "Failed to allocate memory"; TensorRT logs "Error Code 2: OutOfMemory" (an app that raises with
+the logged line is understood). Importing them to use `isinstance` would drag gigabytes into a
 service that uses one of them, so we match by class name and message instead, through
 `__cause__`/`__context__` chains and exception groups (anyio task groups wrap endpoint errors).
 
@@ -30,6 +31,12 @@ _OOM_MESSAGES = (
     "cublas_status_alloc_failed",
     "cudnn_status_alloc_failed",
     "out of memory allocating",  # CuPy
+    # TensorRT logs rather than raises (execution returns False): these reach `is_oom` in the exception an app
+    # raises with the logged line, as a logger that raises on errors does
+    "error code 2: outofmemory",  # "[executionContext.cpp::...] Error Code 2: OutOfMemory (no further information)"
+    "cuda runtime (out of memory)",  # "[defaultAllocator.cpp::allocate::19] Error Code 1: Cuda Runtime (out of memory)"
+    "cuda error in allocate: 2 (out of memory)",  # TensorRT 7 and its ONNX Runtime provider
+    "requested amount of gpu memory",  # "Requested amount of GPU memory (N bytes) could not be allocated"
 )
 
 _MAX_EXCEPTIONS_VISITED = 64

@@ -30,6 +30,17 @@ def named(name: str, base: type[BaseException] = RuntimeError) -> type[BaseExcep
         ),
         RuntimeError("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc; cudaErrorMemoryAllocation"),
         RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
+        # TensorRT's logged lines, raised by the app (TensorRT itself only logs)
+        RuntimeError(
+            "[TRT] [E] 2: [executionContext.cpp::nvinfer1::rt::ExecutionContext::ExecutionContext::470] "
+            "Error Code 2: OutOfMemory (no further information)"
+        ),
+        RuntimeError("[defaultAllocator.cpp::allocate::19] Error Code 1: Cuda Runtime (out of memory)"),
+        RuntimeError("../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)"),
+        RuntimeError(
+            "Requested amount of GPU memory (17920000000 bytes) could not be allocated. There may not be enough "
+            "free memory for allocation to succeed."
+        ),
     ],
 )
 def test_recognises_framework_ooms(exc: BaseException) -> None:
@@ -41,6 +52,7 @@ def test_recognises_framework_ooms(exc: BaseException) -> None:
     [
         MemoryError(),  # host memory: not the GPU's business
         RuntimeError("Expected all tensors to be on the same device"),
+        RuntimeError("[TRT] [E] 3: [network.cpp::addInput::1507] Error Code 3: API Usage Error"),  # not memory
         ValueError("out of range"),
         KeyError("memory"),
     ],
