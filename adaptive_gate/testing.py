@@ -193,19 +193,21 @@ class SimulatedGPU:
             if self.fragmentation:
                 usable -= int(self._random.random() * self.fragmentation * self.total_bytes)
             in_use = self._used_bytes + self._neighbour_bytes
-            if in_use + nbytes > usable:
-                self._oom_count += 1
-                free_bytes = max(0, self.total_bytes - in_use)
-                message = (
-                    f"CUDA out of memory. Tried to allocate {nbytes / 2**20:.2f} MiB. GPU 0 has a total capacity "
-                    f"of {self.total_bytes / 2**30:.2f} GiB of which {free_bytes / 2**20:.2f} MiB is free. "
-                    "(simulated)"
-                )
-            else:
+            if in_use + nbytes <= usable:
                 self._used_bytes += nbytes
                 self._peak_bytes = max(self._peak_bytes, self._used_bytes + self._neighbour_bytes)
                 return
-        raise _oom_error(message)
+            free_bytes = max(0, self.total_bytes - in_use)
+        message = (
+            f"CUDA out of memory. Tried to allocate {nbytes / 2**20:.2f} MiB. GPU 0 has a total capacity "
+            f"of {self.total_bytes / 2**30:.2f} GiB of which {free_bytes / 2**20:.2f} MiB is free. (simulated)"
+        )
+        # The error first, then the count: the first one imports torch, which can take longer than the gate waits
+        # for a raised OOM to explain a rise of the count (then it counted one OOM twice, as the app's own too).
+        error = _oom_error(message)
+        with self._lock:
+            self._oom_count += 1
+        raise error
 
     def _give(self, nbytes: int) -> None:
         with self._lock:

@@ -29,6 +29,26 @@ def test_allocations_fit_then_oom_and_are_counted() -> None:
     assert gpu.used_bytes == 8 * GiB and gpu.oom_count == 1
 
 
+def test_the_count_moves_once_the_error_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error is made before the OOM is counted: the first one imports torch, which took 1.5 s, longer than
+    the gate waits for a raised OOM to explain a rise of the count, and a reading taken meanwhile counted the
+    one OOM twice (as the app's own, and as the route's)."""
+    import adaptive_gate.testing as simulated
+
+    gpu = SimulatedGPU(4 * GiB, baseline_bytes=1 * GiB)
+    counts_while_made: list[int | None] = []
+    make = simulated._oom_error
+
+    def slow_import(message: str) -> RuntimeError:
+        counts_while_made.append(gpu.sample().oom_count)  # a reading while torch imports
+        return make(message)
+
+    monkeypatch.setattr(simulated, "_oom_error", slow_import)
+    with pytest.raises(torch.cuda.OutOfMemoryError), gpu.allocate(4 * GiB):
+        pass
+    assert counts_while_made == [0] and gpu.oom_count == 1
+
+
 def test_exact_fit_is_not_an_oom() -> None:
     gpu = SimulatedGPU(4 * GiB, baseline_bytes=1 * GiB)
     with gpu.allocate(3 * GiB):
