@@ -484,3 +484,28 @@ def test_requests_of_a_route_told_heavier_than_any_that_fit_are_answered_at_the_
     assert core.arrive(30.0, now_s=1.6, units=8) is ADMITTED
     core.release(core.admitted(1.6, 0.0, 8), 1.7, Outcome.COMPLETED)
     assert core.statistics(1.7).in_flight == 0
+
+
+def test_the_limit_in_force_keeps_to_the_bounds_whatever_a_controller_of_ones_own_says() -> None:
+    """A controller of the user's own that asks past `max_limit` runs `max_limit`; one that asks for 0 (or
+    less) runs `min_limit`, and requests still go in: the gate can always make progress."""
+
+    class Asks(Fixed):
+        def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+            pass  # keeps whatever it was made with, as a careless controller would
+
+    greedy = Asks(1000)
+    core = GateCore(greedy, min_limit=2, max_limit=8, initial_limit=None, max_queue=8, max_retry_after_s=60)
+    assert core.limiter.limit == 8
+    tickets = [core.enter(30.0, 1, None, arrived_s=0.0, now_s=0.0) for _ in range(9)]
+    assert tickets[-1] is None and core.limiter.in_flight == 8  # the ninth waits
+    greedy._limit = 0
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 1.0)
+    assert core.limiter.limit == 2
+    greedy._limit = -5
+    core.sample(MemorySample(8 * GiB, 24 * GiB), 1.5)
+    assert core.limiter.limit == 2
+    for ticket in tickets[:-1]:
+        assert ticket is not None
+        core.release(ticket, 2.0, Outcome.COMPLETED)
+    assert core.enter(30.0, 1, None, arrived_s=2.0, now_s=2.0) is not None  # progress at the least limit

@@ -78,7 +78,7 @@ class GateCore(CoreSnapshot):
         # The limiter integrates in-flight over time (the busy area) at the times the events carry.
         self.detector = None if overload == "off" else OverloadDetector(queue_target_s)
         line = FairLine(priority_aging_s, self.detector) if classes else FifoLine(self.detector)
-        self.limiter = Limiter(controller.limit, max_queue=max_queue, line=line)
+        self.limiter = Limiter(self._bounded(controller.limit), max_queue=max_queue, line=line)
         self.overload = overload
         self.queue_target_s = queue_target_s
         self.classes = ClassCounts() if classes else None
@@ -548,8 +548,13 @@ class GateCore(CoreSnapshot):
         weights = self.route_weights
         return self.limiter.in_flight if weights is None else weights.slots(self.requests_by_route)
 
+    def _bounded(self, limit: int) -> int:
+        """`limit` within `[min_limit, max_limit]`: a controller of one's own may ask for any number (the
+        protocol asks it to keep to the bounds it was bound to; the limit in force keeps to them whatever it says)."""
+        return min(self.max_limit, max(self.min_limit, limit))
+
     def _apply_limit(self, now_s: float, reason: str | None = None) -> None:
-        new_limit = self.controller.limit
+        new_limit = self._bounded(self.controller.limit)
         limiter = self.limiter
         operator = self.operator
         least, most = self.bounds()  # in force: the operator's where set, else the configured ones
