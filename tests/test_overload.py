@@ -65,6 +65,24 @@ def test_a_route_slower_than_every_deadline_is_still_tried_now_and_then() -> Non
     assert core.arrive(30.0, route="other", now_s=now[0]) is ADMITTED  # other routes were never affected
 
 
+def test_a_route_slower_than_every_deadline_is_tried_by_requests_of_any_deadline() -> None:
+    """A slow warm-up (0.5 s), then clients whose deadline (0.2 s) is less than half of it: a request is let
+    through once a second all the same, and the fast answers bring the mean under the deadline. Tried only by
+    requests with half the mean at least, the route was refused for ever."""
+    now = [0.0]
+    core = core_at(now, limit=2)
+    serve_one(core, now, service_s=0.5)
+    assert core.arrive(0.2, route="r", now_s=now[0]) == "deadline"
+    for _ in range(30):
+        now[0] += 1.0
+        if core.arrive(0.2, route="r", now_s=now[0]) is ADMITTED:
+            ticket = core.admitted(now[0], 0.0, route="r")
+            now[0] += 0.05
+            core.release(ticket, now[0], Outcome.COMPLETED)
+    assert core.services.mean_by_route["r"] < 0.2
+    assert core.arrive(0.2, route="r", now_s=now[0]) is ADMITTED  # right after an answer: no probe, the mean fits
+
+
 def test_expected_wait_and_work_past_the_deadline_is_turned_away_at_once() -> None:
     now = [0.0]
     core = core_at(now, overload="off")
@@ -333,6 +351,31 @@ async def test_status_and_metrics_show_priorities_and_tenants() -> None:
     samples = parse(metrics.render().decode())
     assert samples[("adaptive_gate_tenant_requests", (("outcome", "rejected"), ("tenant", "b")))] == 1
     assert samples[("adaptive_gate_priority_requests", (("outcome", "admitted"), ("priority", "9")))] == 1
+
+
+@pytest.mark.anyio
+async def test_a_tenant_whose_flood_filled_the_line_makes_room_for_another() -> None:
+    """Tenant a fills the line (three places); b's request takes the place of a's newest, which is answered
+    `503 evicted` at once; a's next finds the line full."""
+    app = classified_app(max_queue=3)
+    running, flood, other, late = RawClient(), [RawClient() for _ in range(3)], RawClient(), RawClient()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app, http_scope("/work", headers=headers(tenant="a")), running.receive, running.send)
+        await wait_until(lambda: find_gate(app).statistics().in_flight == 1)
+        gate = find_gate(app)
+        for queued, client in enumerate(flood, start=1):
+            tg.start_soon(app, http_scope("/work", headers=headers(tenant="a")), client.receive, client.send)
+            await wait_until(lambda queued=queued: gate.statistics().queued == queued)
+        tg.start_soon(app, http_scope("/work", headers=headers(tenant="b")), other.receive, other.send)
+        await wait_until(lambda: flood[-1].status is not None)
+        assert flood[-1].status == 503 and b'"reason":"evicted"' in flood[-1].body
+        assert gate.statistics().queued == 3 and other.status is None  # b waits in a's newest's place
+        tg.start_soon(app, http_scope("/work", headers=headers(tenant="a")), late.receive, late.send)
+        await wait_until(lambda: late.status is not None)
+        assert late.status == 503 and b'"reason":"queue_full"' in late.body  # two of a's wait: no room for a third
+        app.state.release.set()
+    assert [c.status for c in (running, *flood[:2], other)] == [200, 200, 200, 200]
+    assert gate.status()["tenants"]["a"]["rejected"] == 2 and gate.status()["tenants"]["b"]["admitted"] == 1
 
 
 @pytest.mark.parametrize(

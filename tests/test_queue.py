@@ -151,6 +151,31 @@ def test_aging_lets_the_old_low_priority_one_pass() -> None:
     assert line.pop_next(6.6) is old  # 0 + 6.6/2 > 3 + 0.1/2: three levels make up for six seconds
 
 
+def test_a_full_line_makes_room_for_a_tenant_that_a_flood_crowded_out() -> None:
+    """One tenant's flood filled the line: another tenant's newcomer takes the place of the flood's newest,
+    until the two lines are as long; then the line is full for both, and neither makes room for the other."""
+    now = [0.0]
+    limiter = fair_limiter(max_queue=4)
+    assert limiter.try_acquire(now_s=now[0])
+    flood = [limiter.join(Waiter(0, "a"), now_s=now[0]) for _ in range(4)]
+    line = limiter.line
+    assert line.evictable(0, "a") is None  # its own line is the longest
+    others = []
+    for expected in (flood[3], flood[2]):
+        victim = line.evictable(0, "b")
+        assert victim is expected  # the newest of the flood: it lost the least by waiting
+        limiter.evict(victim, "evicted")
+        others.append(limiter.join(Waiter(0, "b"), now_s=now[0]))
+    assert flood[3].refused == "evicted" and flood[2].refused == "evicted" and flood[1].refused is None
+    assert line.evictable(0, "b") is None and line.evictable(0, "a") is None  # two each: shared
+    assert line.evictable(1, "c") is others[-1]  # a higher priority evicts the lowest level's newest
+    victim = line.evictable(0, "c")  # a third tenant: a place from a line of two
+    assert victim is not None and victim.tenant in ("a", "b") and victim.refused is None
+    limiter.evict(victim, "evicted")
+    limiter.join(Waiter(0, "c"), now_s=now[0])
+    assert line.evictable(0, "c") is None  # one, one and two: c's second would make its line the longest
+
+
 def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
     now = [0.0]
     limiter = fair_limiter(max_queue=3)
@@ -253,7 +278,7 @@ class FairLimiterMachine(RuleBasedStateMachine):
         waiter = Waiter(priority, tenant, self.now[0] + budget)
         joins(self.detector, self.now[0])  # as the core tells it: overload turns the line newest first
         if self.limiter.queued >= self.limiter.max_queue:
-            victim = self.limiter.line.evictable(priority)
+            victim = self.limiter.line.evictable(priority, tenant)
             if victim is None:
                 return
             self.limiter.evict(victim, "evicted")

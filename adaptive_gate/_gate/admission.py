@@ -91,7 +91,7 @@ def queue_up(
     if detector is not None and detector.overloaded and core.overload == "lifo":
         answer_the_buried(core, now_s, priority)
     if len(line) >= limiter.max_queue:
-        victim = line.evictable(priority)
+        victim = line.evictable(priority, tenant)
         if victim is None:
             return Reason.QUEUE_FULL
         limiter.evict(victim, Reason.EVICTED)

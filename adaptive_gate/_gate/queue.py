@@ -10,7 +10,8 @@ one small interface (`push`, `pop`, `remove`, `evictable`, `ahead_of`, `len()`):
   one request: every request weighs the same), so two light clients keep their share while thirty
   heavy ones wait. Priorities age: a waiter's level counts `age / aging_s` more per second waited,
   so the lowest is never starved for ever. A tenant's line exists only while somebody waits in it,
-  so random tenant names cannot grow it past `max_queue`.
+  so random tenant names cannot grow it past `max_queue`; a full line makes room for a tenant whose
+  line is shorter than the longest (`evictable`), so a flood that filled it keeps nobody out.
 
 Both take an `OverloadDetector` (`overload.py`): while more arrive than the slots take in, they
 serve newest first (adaptive LIFO): the fresh get served while they can still use the answer, and
@@ -112,8 +113,8 @@ class FifoLine(OrderedDict[Waiter, None]):
         oldest = next(iter(self), None)
         return None if oldest is None else (oldest, len(self))
 
-    def evictable(self, priority: int) -> Waiter | None:
-        """FIFO has no priorities: nobody makes room for anybody."""
+    def evictable(self, priority: int, tenant: str | None = None) -> Waiter | None:
+        """FIFO has no priorities nor tenants: nobody makes room for anybody."""
         return None
 
     def ahead_of(self, priority: int, tenant: str | None = None) -> int:
@@ -269,15 +270,23 @@ class FairLine:
         self._size -= 1
         return True
 
-    def evictable(self, priority: int) -> Waiter | None:
-        """The waiter to turn away to make room for one of `priority`: the newest of the lowest
-        level, when that level is below `priority` (the newest has lost the least by waiting)."""
+    def evictable(self, priority: int, tenant: str | None = None) -> Waiter | None:
+        """The waiter to turn away to make room for one of `priority` and `tenant`: the newest of the
+        lowest level, when that level is below `priority` (the newest has lost the least by waiting);
+        else, at its own level, the newest of the tenant with the longest line, when that line is
+        longer than the newcomer's would be (a flood that filled the line makes room for the others:
+        a full line is shared as the slots are)."""
         if not self._levels:
             return None
         lowest = min(self._levels)
-        if lowest >= priority:
+        if lowest < priority:
+            return next(reversed(self._levels[lowest].arrivals))
+        level = self._levels.get(priority)
+        if level is None:
             return None
-        return next(reversed(self._levels[lowest].arrivals))
+        own = len(level.tenants.get(tenant, ()))
+        longest = max(level.tenants.values(), key=len)
+        return next(reversed(longest)) if len(longest) > own + 1 else None
 
     def ahead_of(self, priority: int, tenant: str | None = None) -> int:
         """How many would be served before a newcomer of `priority` and `tenant` (an estimate:
