@@ -152,6 +152,7 @@ class TorchCudaProbe:
         self._torch = torch
         self.device = device
         self.count_ooms = count_ooms
+        self._context_seen = False  # whether the app's allocator has held memory on the device (a context)
 
     def oom_count(self, ooms: int) -> int | None:
         """The count a sample reports: the allocator's, or None where it is not to be counted."""
@@ -169,13 +170,40 @@ class TorchCudaProbe:
     def uuid(self) -> str:
         return str(self._torch.cuda.get_device_properties(self.device).uuid)
 
+    def capped(self, used: int, total: int, allocated: int) -> tuple[int, int]:
+        """(used, total) of a reading of the whole card, within what this process's allocator may hold
+        where the app capped it (`torch.cuda.set_per_process_memory_fraction`: NVML and `mem_get_info`
+        still show the whole card, and PyTorch refuses past the cap). `used` leaves out the allocator's
+        cache, which it gives back before it refuses."""
+        cuda = self._torch.cuda
+        fraction_of = getattr(cuda, "get_per_process_memory_fraction", None)  # torch 2.6 and later
+        if fraction_of is None or not cuda.is_initialized():
+            return used, total  # setting a fraction initialises CUDA: none was set
+        fraction = float(fraction_of(self.device))
+        if not 0.0 < fraction < 1.0:
+            return used, total
+        cap = int(total * fraction)
+        # Room: under the cap beside what the allocator holds, and on the card beside everything.
+        room = max(0, min(cap - allocated, total - used))
+        return cap - room, cap
+
     def sample(self) -> MemorySample:
-        free, total = self._torch.cuda.mem_get_info(self.device)
         allocated, reserved, ooms = self.allocator_stats()
-        used = max(0, int(total - free) - (reserved - allocated))
+        if not self._context_seen:
+            # `mem_get_info` creates a CUDA context (hundreds of MiB) on a device that has none: not ours to
+            # create, from the probe's thread, on a card the app may not even use. Memory this process's
+            # allocator holds on the device says the app made one.
+            if reserved <= 0:
+                raise ProbeUnavailable(
+                    f"nothing of this process on cuda:{self.device} yet: not read until the app allocates there "
+                    "(reading free memory would create a CUDA context)"
+                )
+            self._context_seen = True
+        free, total = self._torch.cuda.mem_get_info(self.device)
+        used, total = self.capped(max(0, int(total - free) - (reserved - allocated)), int(total), allocated)
         return MemorySample(
             used_bytes=used,
-            total_bytes=int(total),
+            total_bytes=total,
             oom_count=self.oom_count(ooms),
             allocated_bytes=allocated,
             reserved_bytes=reserved,
@@ -199,8 +227,9 @@ class CombinedProbe:
     def sample(self) -> MemorySample:
         used, total, _ = self.nvml.memory_info()
         allocated, reserved, ooms = self.torch.allocator_stats()
+        used, total = self.torch.capped(max(0, used - (reserved - allocated)), total, allocated)
         return MemorySample(
-            used_bytes=max(0, used - (reserved - allocated)),
+            used_bytes=used,
             total_bytes=total,
             oom_count=self.torch.oom_count(ooms),
             allocated_bytes=allocated,
@@ -225,12 +254,18 @@ def device_label(probe: object) -> str:
     return str(label) if label else type(probe).__name__
 
 
-def _cuda_visible_first() -> str | None:
+def _cuda_visible() -> list[str] | None:
+    """The entries of `CUDA_VISIBLE_DEVICES` as CUDA reads them (up to the first that is no device: "-1"
+    or an empty one hides the rest), or None where it is not set."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None
-    first = visible.split(",")[0].strip()
-    return first or None
+    entries = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        entries.append(entry)
+    return entries
 
 
 def auto_probe(cuda_device: int = 0, *, count_ooms: bool = True) -> tuple[Probe | None, str]:
@@ -259,20 +294,26 @@ def auto_probe(cuda_device: int = 0, *, count_ooms: bool = True) -> tuple[Probe 
 
 
 def _nvml_device_for(cuda_device: int, torch_probe: TorchCudaProbe | None) -> int | str:
-    """The NVML identity of CUDA device `cuda_device`: its UUID wherever that can be known."""
+    """The NVML identity of CUDA device `cuda_device`: its UUID wherever that can be known. CUDA numbers
+    the devices `CUDA_VISIBLE_DEVICES` names, in its order; NVML numbers every card in PCI bus order."""
     if torch_probe is not None:
         return torch_probe.uuid()
-    first = _cuda_visible_first()
-    if cuda_device == 0 and first is not None and not first.isdigit():
-        return first  # a UUID in CUDA_VISIBLE_DEVICES names the device exactly
-    if first is not None and first.isdigit() and cuda_device == 0:
-        # Only exact when CUDA_DEVICE_ORDER=PCI_BUS_ID; otherwise say so and take the best guess.
-        if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-            logger.warning(
-                "adaptive_gate: CUDA_VISIBLE_DEVICES=%s without CUDA_DEVICE_ORDER=PCI_BUS_ID; "
-                "NVML device %s assumed (set CUDA_DEVICE_ORDER=PCI_BUS_ID or use UUIDs to be sure)",
-                os.environ.get("CUDA_VISIBLE_DEVICES"),
-                first,
-            )
-        return int(first)
-    return cuda_device
+    visible = _cuda_visible()
+    if visible is None:
+        return cuda_device  # CUDA's order is NVML's where CUDA_DEVICE_ORDER=PCI_BUS_ID or one card is there
+    if cuda_device >= len(visible):
+        raise ProbeUnavailable(
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} shows CUDA no device {cuda_device}"
+        )
+    entry = visible[cuda_device]
+    if not entry.isdigit():
+        return entry  # a UUID (GPU-... or MIG-...) names the device exactly
+    # An index is NVML's only where CUDA orders by PCI bus too; otherwise say so and take the best guess.
+    if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        logger.warning(
+            "adaptive_gate: CUDA_VISIBLE_DEVICES=%s without CUDA_DEVICE_ORDER=PCI_BUS_ID; "
+            "NVML device %s assumed (set CUDA_DEVICE_ORDER=PCI_BUS_ID or use UUIDs to be sure)",
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            entry,
+        )
+    return int(entry)

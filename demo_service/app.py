@@ -23,7 +23,6 @@ from .batching import add_batched_predict, batched_classifier, batching_on
 from .inference import BadImage, Classifier, decode_image, load_classifier
 from .model import DEFAULT_MODEL, default_labels
 from .policies import SemaphoreMiddleware, parse_policy
-from .probes import FractionProbe
 
 logger = logging.getLogger("demo_service")
 
@@ -80,11 +79,12 @@ def cuda_probe(device: torch.device, vram_fraction: float | None) -> Probe | Non
     on requests that succeed. So the probes leave the count out (`count_ooms=False`).
     """
     index = cuda_index(device)
-    if vram_fraction is None:
-        return auto_probe(index, count_ooms=False)[0]
-    probe = FractionProbe(index, vram_fraction)  # checks the fraction first
-    torch.cuda.set_per_process_memory_fraction(vram_fraction, index)
-    return probe
+    if vram_fraction is not None:
+        if not 0 < vram_fraction <= 1:
+            raise ValueError(f"--vram-fraction must be in (0, 1], got {vram_fraction}")
+        # The probes read the card within the share PyTorch is capped at (`TorchCudaProbe.capped`).
+        torch.cuda.set_per_process_memory_fraction(vram_fraction, index)
+    return auto_probe(index, count_ooms=False)[0]
 
 
 def read_labels(path: Path | None, architecture: str) -> list[str]:

@@ -100,6 +100,43 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
+def test_torch_reads_free_memory_only_once_the_app_holds_some_on_the_device(
+    fake_cuda: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mem_get_info` creates a CUDA context on a device that has none: the probe does not, from its thread,
+    before the app's allocator holds memory there; then it reads on, whatever the allocator holds."""
+    asked: list[object] = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (60 * GiB, 80 * GiB))
+    fake_cuda["allocated"] = fake_cuda["reserved"] = 0
+    probe = TorchCudaProbe(0)
+    with pytest.raises(ProbeUnavailable, match="nothing of this process on cuda:0 yet"):
+        probe.sample()
+    assert asked == []
+    fake_cuda["allocated"] = fake_cuda["reserved"] = 2 * GiB  # the app put its model there
+    assert probe.sample().used_bytes == 20 * GiB and asked == [0]
+    fake_cuda["allocated"] = fake_cuda["reserved"] = 0  # emptied its cache: the context stays
+    assert probe.sample().total_bytes == 80 * GiB and asked == [0, 0]
+
+
+def test_torch_probes_read_the_card_within_the_share_the_app_capped_pytorch_at(
+    nvml: FakeNvml, fake_cuda: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`set_per_process_memory_fraction(0.5)` on the 80 GiB card: PyTorch refuses past 40 GiB, where NVML and
+    `mem_get_info` show the whole card. The room is what is left under the cap beside the allocator's tensors,
+    and on the card beside everything: a neighbour that leaves less than that is the others' bytes."""
+    fraction = {0: 0.5}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: fraction[device])
+    torch_probe = TorchCudaProbe(0)
+    combined = CombinedProbe(NvmlProbe(1), torch_probe)
+    # 10 GiB in tensors, 4 more cached: 30 GiB of room under the cap, 64 on the card
+    assert torch_probe.sample().total_bytes == 40 * GiB and torch_probe.sample().used_bytes == 10 * GiB
+    nvml.cards[1]["used"] = 74 * GiB  # a neighbour: 10 GiB left on the card (4 of them our cache)
+    assert combined.sample().total_bytes == 40 * GiB and combined.sample().used_bytes == 30 * GiB
+    fraction[0] = 1.0  # no cap: the whole card
+    assert torch_probe.sample().total_bytes == 80 * GiB and combined.sample().used_bytes == 70 * GiB
+
+
 def test_nvml_by_index_uuid_and_pci(nvml: FakeNvml) -> None:
     assert NvmlProbe(0).sample() == MemorySample(1 * GiB, 16 * GiB, process_count=2)
     assert NvmlProbe("GPU-bbbb").sample().total_bytes == 80 * GiB
@@ -189,6 +226,40 @@ def test_auto_without_torch_uses_a_uuid_from_cuda_visible_devices(
     probe, line = auto_probe()
     assert isinstance(probe, NvmlProbe) and probe.uuid == "GPU-bbbb"
     assert "torch not imported" in line
+
+
+@pytest.mark.parametrize(
+    ("visible", "order", "expected"),
+    [
+        ("GPU-bbbb,GPU-aaaa", None, "GPU-aaaa"),  # the second entry names CUDA's device 1
+        ("MIG-aaaa,GPU-aaaa", None, "GPU-aaaa"),
+        ("1,0", "PCI_BUS_ID", "GPU-aaaa"),  # CUDA's device 1 is NVML's index 0
+        ("5,0,-1,1", "PCI_BUS_ID", "GPU-aaaa"),  # "-1" hides the rest: device 1 is the "0"
+    ],
+)
+def test_auto_without_torch_maps_any_cuda_device_through_cuda_visible_devices(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, visible: str, order: str | None, expected: str
+) -> None:
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    if order is None:
+        monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
+    probe, _ = auto_probe(cuda_device=1)
+    assert isinstance(probe, NvmlProbe) and probe.uuid == expected
+
+
+@pytest.mark.parametrize("visible", ["", "-1", "GPU-bbbb", "0,,1"])
+def test_auto_without_torch_refuses_a_device_cuda_does_not_see(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, visible: str
+) -> None:
+    """Where CUDA_VISIBLE_DEVICES shows CUDA no device 1, no card is read in its place."""
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    probe, line = auto_probe(cuda_device=1)
+    assert probe is None and "shows CUDA no device 1" in line
+    assert nvml.lookups == []
 
 
 def test_auto_with_nothing_runs_without_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
