@@ -260,3 +260,54 @@ async def test_the_gate_sees_other_processes_on_its_card(caplog: pytest.LogCaptu
     assert [f["code"] for f in status["findings"]] == ["shared_gpu"]
     assert status["memory"]["process_count"] == 3
     assert len([r for r in caplog.records if "shared_gpu" in r.getMessage()]) == 1
+
+
+class Rising(Fixed):
+    """A limit of 1 that rises to 50 at the first answer: past the event loop's 40 threads."""
+
+    def on_success(self, *, now_s: float, latency_s: float, concurrency: float, demand: bool) -> None:
+        self._limit = 50
+
+
+@pytest.mark.parametrize(
+    ("sync_route", "threads", "warned"),
+    [
+        (True, None, True),  # 40 threads: at most 40 sync requests run, whatever the limit
+        (True, 100, False),  # raised in the app's lifespan, as the warning says to
+        (False, None, False),  # async def runs on the loop: the pool bounds nothing
+    ],
+)
+def test_a_limit_past_the_thread_pool_is_said_where_sync_routes_share_it(
+    caplog: pytest.LogCaptureFixture, sync_route: bool, threads: int | None, warned: bool
+) -> None:
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+
+    from starlette.testclient import TestClient
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if threads is not None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.add_middleware(AdaptiveGate, probe=None, controller=Rising(1), initial_limit=1, max_limit=64)
+    if sync_route:
+
+        @app.post("/infer", tags=["gpu"])
+        def infer() -> dict[str, bool]:
+            return {"ok": True}
+    else:
+
+        @app.post("/infer", tags=["gpu"])
+        async def infer_async() -> dict[str, bool]:
+            return {"ok": True}
+
+    with caplog.at_level(logging.WARNING, logger="adaptive_gate"), TestClient(app) as client:
+        assert client.post("/infer").status_code == 200
+        assert client.get("/gate/status").json()["limit"] == 50
+    said = [r.getMessage() for r in caplog.records if "thread pool" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert "limit reached 50" in said[0] and "40 tokens" in said[0]

@@ -54,8 +54,9 @@ class Operations:
         )
         self._workers = WorkerCount(options.workers)
         self.tick_hooks: list[Callable[[], None]] = []  # more work for the monitor's tick
-        self._thread_pool_tokens: float | None = None
+        self._thread_pool: anyio.CapacityLimiter | None = None  # its tokens read when the limit rises
         self._warned_thread_pool = False
+        self.all_gated_async: Callable[[], bool] = lambda: False  # the middleware's routes say (`RouteTable`)
         core.limit_listeners.append(self._limit_changed)
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
@@ -223,16 +224,21 @@ class Operations:
         return probe, f"probe: {probe!r}"
 
     def read_thread_pool(self) -> None:
-        if self._thread_pool_tokens is None:
+        """Keep the event loop's thread pool (on the loop, before the app starts): its size is read when
+        the limit rises, after the app's start-up, where the app may have raised it."""
+        if self._thread_pool is None:
             try:
-                self._thread_pool_tokens = anyio.to_thread.current_default_thread_limiter().total_tokens
+                self._thread_pool = anyio.to_thread.current_default_thread_limiter()
             except Exception:  # no running loop anyio knows: nothing to compare against
-                self._thread_pool_tokens = None
+                self._thread_pool = None
 
     def _warn_thread_pool(self, limit: int) -> None:
-        tokens = self._thread_pool_tokens
-        if tokens is None or limit <= tokens or self._warned_thread_pool:
+        pool = self._thread_pool
+        if pool is None or self._warned_thread_pool:
             return
+        tokens = pool.total_tokens
+        if limit <= tokens or self.all_gated_async():
+            return  # `async def` routes run on the loop: the pool does not bound them
         self._warned_thread_pool = True
         logger.warning(
             "adaptive_gate: the limit reached %d but sync routes share a thread pool of %d tokens, so at most %d "
