@@ -50,6 +50,19 @@ def _as_text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    """Whether `handle` is a whole card in MIG mode (a MIG instance's own handle, or a card without MIG,
+    answers no or "not supported")."""
+    get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if get_mode is None:
+        return False
+    try:
+        current, _pending = get_mode(handle)
+    except Exception:
+        return False
+    return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+
 class NvmlProbe:
     """Memory of one device as NVML sees it: every process's use, not only ours.
 
@@ -64,6 +77,11 @@ class NvmlProbe:
         except Exception as exc:
             raise ProbeUnavailable(f"NVML could not start: {exc}") from exc
         self._handle = self._find(device)
+        if _mig_enabled(self._pynvml, self._handle):
+            raise ProbeUnavailable(
+                f"NVML device {device!r} is a card in MIG mode, whose memory is every instance's: name this "
+                "process's instance (CUDA_VISIBLE_DEVICES=MIG-..., or NvmlProbe('MIG-...'))"
+            )
         self.device = device
         self.name = _as_text(self._pynvml.nvmlDeviceGetName(self._handle))
         self.uuid = _as_text(self._pynvml.nvmlDeviceGetUUID(self._handle))

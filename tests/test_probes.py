@@ -283,6 +283,29 @@ def test_nvml_finds_a_mig_instance_by_the_bare_uuid_torch_gives(nvml: FakeNvml) 
         NvmlProbe("dddd")
 
 
+def test_nvml_refuses_a_card_in_mig_mode_and_reads_its_instance(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A card in MIG mode shows every instance's memory (60 of 80 GiB here, where this process's slice holds
+    10): read by index, the gate would take the others' slices for pressure on its own."""
+    nvml.cards[0].update(used=60 * GiB, total=80 * GiB)
+    nvml.cards.append({"uuid": "MIG-cccc", "pci": "00000000:01:00.0", "name": "Slice", "used": GiB, "total": 10 * GiB})
+
+    def mig_mode(handle: dict[str, Any]) -> tuple[int, int]:
+        if handle["uuid"].startswith("MIG-"):
+            raise nvml.NVMLError("Not Supported")  # an instance's own handle
+        return (1, 1) if handle["uuid"] == "GPU-aaaa" else (0, 0)
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetMigMode", mig_mode, raising=False)
+    with pytest.raises(ProbeUnavailable, match="MIG mode.*CUDA_VISIBLE_DEVICES=MIG-"):
+        NvmlProbe(0)
+    assert NvmlProbe(1).sample().total_bytes == 80 * GiB  # MIG off: the whole card
+    assert NvmlProbe("MIG-cccc").sample().total_bytes == 10 * GiB
+    monkeypatch.delitem(sys.modules, "torch")
+    probe, line = auto_probe()
+    assert probe is None and "MIG mode" in line
+
+
 def test_torch_probes_can_leave_the_oom_count_out(nvml: FakeNvml, fake_cuda: dict[str, Any]) -> None:
     """cuDNN's self-caught OOMs raise num_ooms on requests that succeed: an app that swallows no OOM opts out."""
     assert TorchCudaProbe(0).sample().oom_count == 3
