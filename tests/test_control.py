@@ -2224,3 +2224,28 @@ def test_an_oom_in_a_mix_with_few_in_flight_holds_the_slots_it_freed_till_the_ne
     assert c.limit == 3 and c.describe()["bound"] == "oom"  # half the cap: the card changed
     c.on_sample(now_s=3.1, sample=MemorySample(int(15.5 * GiB), card), in_flight=2)
     assert c.limit > 3 and c.describe()["bound"] == "memory"  # the next reading says what the card holds
+
+
+def test_an_oom_in_a_mix_with_few_in_flight_plans_no_heavier_tail() -> None:
+    """In a mix, OOMs with no more than half the cap in flight are no pile-up of its large ones: a neighbour
+    came. They plan no heavier tail, so once the readings show the card as before, so is the limit; OOMs with
+    the cap in flight (its large ones meeting) do plan for one."""
+    card = 48 * GiB
+    c = a_mix(card)
+    z = c.memory.z
+    for i in range(6):  # a neighbour's arrival, with four in flight each time
+        c.on_oom(now_s=3.01 + i / 1000, epoch=c.epoch, in_flight=4)
+        c.after_oom(3.0)
+    assert c.memory.z == z and c.limit == 3
+    # One that weighed a quarter of a slot: 3.75 stay. Judged once, by `on_oom`'s count: no pile-up, so the
+    # slots wait for the next reading (judged again on 3.75 + 1, it had been ignored altogether).
+    quarter = a_mix(card)
+    quarter.on_oom(now_s=3.01, epoch=quarter.epoch, in_flight=4.0)
+    quarter.after_oom(3.75)
+    assert quarter.memory.z == z and quarter.limit == 3
+    sums_gib = [3, 7.5, 12, 4.5, 9, 7.5, 3, 12, 7.5, 4.5]  # the neighbour gone: the readings of before
+    for i, used_gib in enumerate(sums_gib):
+        c.on_sample(now_s=3.1 + 0.1 * i, sample=MemorySample(int((8 + used_gib) * GiB), card), in_flight=2)
+    assert c.limit == 8
+    c.on_oom(now_s=4.2, epoch=c.epoch, in_flight=8)
+    assert c.memory.z > z  # the cap in flight: a pile-up, planned for

@@ -170,6 +170,8 @@ class AIMD(_Bounds):
         self.ooms_seen = 0
         # The allocation the next `on_oom`'s error named (`allocation_failed`): bytes and units
         self._allocation: tuple[float, float] | None = None
+        # Whether the last OOM was a mix's large ones meeting (`_piled_up`): `on_oom` decides, `after_oom` follows
+        self._oom_piled_up = False
         # Until the next reading, the most the limit may be (None: no such hold), and why: "oom" after an
         # OOM (`after_oom`), "pressed" after the others rose into a full card (`MemoryModel.pressed`)
         self._until_reading: int | None = None
@@ -249,11 +251,12 @@ class AIMD(_Bounds):
             learned = allocation is not None and self.memory.learn_size(allocation[0], allocation[1], now_s)
             stray = allocation is not None and self.memory.explained_by_size(level, allocation[0], allocation[1])
             mix = self.memory.is_mix()
+            self._oom_piled_up = mix and self._piled_up(in_flight)
             if epoch is not None and epoch < self._epoch:
                 # Admitted before the last correction: the same pile-up, corrected already.
                 return
             if placed and mix:
-                if self._piled_up(in_flight):
+                if self._oom_piled_up:
                     self.memory.mix_oom()  # a mix's large ones meeting: plan for a heavier tail, no bar
                 # else the card changed (a neighbour came): the next reading says how (`after_oom` holds till it)
             elif not learned:
@@ -314,8 +317,8 @@ class AIMD(_Bounds):
         took the failed request's room has not been read yet, and a slot refilled at once runs out too."""
         if not self._reads_memory():
             return
-        if self.memory.is_mix() and self._piled_up(in_flight + 1):
-            return  # its large ones meeting: the next reading explains nothing
+        if self._oom_piled_up:
+            return  # a mix's large ones meeting (as `on_oom` judged it): the next reading explains nothing
         held = max(self.min_limit, math.floor(in_flight + 1e-9))
         if self._until_reading is None or held < self._until_reading:
             # Pressed still: what ours free goes on being the others' (`on_success` takes it back)
