@@ -176,6 +176,22 @@ def test_a_full_line_makes_room_for_a_tenant_that_a_flood_crowded_out() -> None:
     assert line.evictable(0, "c") is None  # one, one and two: c's second would make its line the longest
 
 
+def test_a_tenant_counts_its_places_at_every_priority_before_it_takes_one() -> None:
+    """Tenant a holds six places at priority 5, b two at priority 0: a's newcomer at priority 0 takes none of
+    b's (it holds most of the line already), and b's takes none of a's more important places."""
+    now = [0.0]
+    limiter = fair_limiter(max_queue=8)
+    assert limiter.try_acquire(now_s=now[0])
+    for _ in range(6):
+        limiter.join(Waiter(5, "a"), now_s=now[0])
+    for _ in range(2):
+        limiter.join(Waiter(0, "b"), now_s=now[0])
+    line = limiter.line
+    assert line.evictable(0, "a") is None and line.evictable(0, "b") is None
+    victim = line.evictable(0, "c")  # a third tenant: one of b's two, never one of a's more important places
+    assert victim is not None and victim.tenant == "b"
+
+
 def test_a_full_line_evicts_the_newest_of_the_lowest_level() -> None:
     now = [0.0]
     limiter = fair_limiter(max_queue=3)

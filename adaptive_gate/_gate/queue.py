@@ -10,8 +10,8 @@ one small interface (`push`, `pop`, `remove`, `evictable`, `ahead_of`, `len()`):
   one request: every request weighs the same), so two light clients keep their share while thirty
   heavy ones wait. Priorities age: a waiter's level counts `age / aging_s` more per second waited,
   so the lowest is never starved for ever. A tenant's line exists only while somebody waits in it,
-  so random tenant names cannot grow it past `max_queue`; a full line makes room for a tenant whose
-  line is shorter than the longest (`evictable`), so a flood that filled it keeps nobody out.
+  so random tenant names cannot grow it past `max_queue`; a full line makes room for a tenant with
+  fewer places in it than the one with the most (`evictable`), so a flood that filled it keeps nobody out.
 
 Both take an `OverloadDetector` (`overload.py`): while more arrive than the slots take in, they
 serve newest first (adaptive LIFO): the fresh get served while they can still use the answer, and
@@ -21,7 +21,7 @@ the stale reach their deadline instead of being served late.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from itertools import takewhile
 
@@ -36,7 +36,8 @@ __all__ = ["FairLine", "FifoLine", "Waiter"]
 class Waiter:
     """One place in the line. `granted` turns true when a slot has been handed over; `refused`
     holds the reason when the line gave up on it instead ("deadline": it could no longer be served
-    before its deadline; "evicted": a more important request took its place)."""
+    before its deadline; "evicted": a more important request, or one of a tenant with fewer places, took
+    its place)."""
 
     __slots__ = (
         "granted", "refused", "_event", "priority", "tenant", "enqueued_s", "latest_start_s", "units", "weighed",
@@ -273,9 +274,9 @@ class FairLine:
     def evictable(self, priority: int, tenant: str | None = None) -> Waiter | None:
         """The waiter to turn away to make room for one of `priority` and `tenant`: the newest of the
         lowest level, when that level is below `priority` (the newest has lost the least by waiting);
-        else, at its own level, the newest of the tenant with the longest line, when that line is
-        longer than the newcomer's would be (a flood that filled the line makes room for the others:
-        a full line is shared as the slots are)."""
+        else, at its own level where that is the lowest, the newest of the tenant with the most places
+        in the whole line, when that tenant holds more places than the newcomer's would (a flood that
+        filled the line makes room for the others: a full line is shared as the slots are)."""
         if not self._levels:
             return None
         lowest = min(self._levels)
@@ -284,9 +285,9 @@ class FairLine:
         level = self._levels.get(priority)
         if level is None:
             return None
-        own = len(level.tenants.get(tenant, ()))
-        longest = max(level.tenants.values(), key=len)
-        return next(reversed(longest)) if len(longest) > own + 1 else None
+        places = Counter(waiter.tenant for other in self._levels.values() for waiter in other.arrivals)
+        most = max(level.tenants, key=places.__getitem__)  # of the tenants at this level: one can give a place here
+        return next(reversed(level.tenants[most])) if places[most] > places[tenant] + 1 else None
 
     def ahead_of(self, priority: int, tenant: str | None = None) -> int:
         """How many would be served before a newcomer of `priority` and `tenant` (an estimate:

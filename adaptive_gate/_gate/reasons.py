@@ -31,7 +31,9 @@ _DETAILS = {
     Reason.QUEUE_FULL: "too many requests are waiting for the GPU",
     Reason.DEADLINE: "the request is not expected to finish (its wait and its work) before its deadline",
     Reason.OVERLOAD: "more requests arrive than the GPU serves: new ones that would wait long are shed",
-    Reason.EVICTED: "a more important request took this one's place in the full queue",
+    Reason.EVICTED: (
+        "the queue was full: a more important request, or one of a client with fewer waiting, took this one's place"
+    ),
     Reason.OOM: "the GPU ran out of memory for this request; retry later",
     Reason.TOO_LARGE: "the request does not fit on the GPU even alone",
 }
