@@ -188,6 +188,17 @@ class TorchCudaProbe:
     def uuid(self) -> str:
         return str(self._torch.cuda.get_device_properties(self.device).uuid)
 
+    def _has_context(self, reserved: int) -> bool:
+        """Whether this process has a CUDA context on the device, asked without making one: torch's CUDA
+        builds answer it (a context another framework made counts), else memory the allocator holds there."""
+        has_primary = getattr(self._torch._C, "_cuda_hasPrimaryContext", None)
+        if has_primary is not None:
+            try:
+                return bool(has_primary(self.device))
+            except Exception:  # a private function: asked where it is, and not relied on
+                pass
+        return reserved > 0
+
     def capped(self, used: int, total: int, allocated: int) -> tuple[int, int]:
         """(used, total) of a reading of the whole card, within what this process's allocator may hold
         where the app capped it (`torch.cuda.set_per_process_memory_fraction`: NVML and `mem_get_info`
@@ -209,12 +220,11 @@ class TorchCudaProbe:
         allocated, reserved, ooms = self.allocator_stats()
         if not self._context_seen:
             # `mem_get_info` creates a CUDA context (hundreds of MiB) on a device that has none: not ours to
-            # create, from the probe's thread, on a card the app may not even use. Memory this process's
-            # allocator holds on the device says the app made one.
-            if reserved <= 0:
+            # create, from the probe's thread, on a card the app may not even use.
+            if not self._has_context(reserved):
                 raise ProbeUnavailable(
-                    f"nothing of this process on cuda:{self.device} yet: not read until the app allocates there "
-                    "(reading free memory would create a CUDA context)"
+                    f"no CUDA context of this process on cuda:{self.device} yet: not read until the app makes one "
+                    "(reading free memory would create it)"
                 )
             self._context_seen = True
         free, total = self._torch.cuda.mem_get_info(self.device)

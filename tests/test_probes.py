@@ -109,9 +109,17 @@ def test_torch_reads_free_memory_only_once_the_app_holds_some_on_the_device(
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (60 * GiB, 80 * GiB))
     fake_cuda["allocated"] = fake_cuda["reserved"] = 0
     probe = TorchCudaProbe(0)
-    with pytest.raises(ProbeUnavailable, match="nothing of this process on cuda:0 yet"):
+    with pytest.raises(ProbeUnavailable, match="no CUDA context of this process on cuda:0 yet"):
         probe.sample()
     assert asked == []
+    contexts = {0: True}  # torch's CUDA builds say whether one exists (ONNX Runtime's, say): then it is read
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", contexts.__getitem__, raising=False)
+    assert TorchCudaProbe(0).sample().total_bytes == 80 * GiB and asked == [0]
+    contexts[0] = False
+    with pytest.raises(ProbeUnavailable):
+        probe.sample()
+    monkeypatch.delattr(torch._C, "_cuda_hasPrimaryContext")
+    asked.clear()
     fake_cuda["allocated"] = fake_cuda["reserved"] = 2 * GiB  # the app put its model there
     assert probe.sample().used_bytes == 20 * GiB and asked == [0]
     fake_cuda["allocated"] = fake_cuda["reserved"] = 0  # emptied its cache: the context stays
