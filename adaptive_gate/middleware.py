@@ -97,7 +97,6 @@ class AdaptiveGate:
             health_paths=self.options.health_paths,
         )
         self.ops.tick_hooks.append(self._routes.notice_changes)
-        self.ops.all_gated_async = self._routes.all_gated_async
         self._batcher_behind = self.ops.batcher_behind  # what a batcher under a gated request reports to
         self._body_budget = BodyBudget(self.options.max_buffered_bytes)
 

@@ -274,10 +274,10 @@ class Rising(Fixed):
     [
         (True, None, True),  # 40 threads: at most 40 sync requests run, whatever the limit
         (True, 100, False),  # raised in the app's lifespan, as the warning says to
-        (False, None, False),  # async def runs on the loop: the pool bounds nothing
+        (False, None, True),  # said as well: an async route may hand its work to run_in_threadpool
     ],
 )
-def test_a_limit_past_the_thread_pool_is_said_where_sync_routes_share_it(
+def test_a_limit_past_the_thread_pool_is_said_at_the_size_the_app_left_it(
     caplog: pytest.LogCaptureFixture, sync_route: bool, threads: int | None, warned: bool
 ) -> None:
     from collections.abc import AsyncIterator

@@ -56,7 +56,6 @@ class Operations:
         self.tick_hooks: list[Callable[[], None]] = []  # more work for the monitor's tick
         self._thread_pool: anyio.CapacityLimiter | None = None  # its tokens read when the limit rises
         self._warned_thread_pool = False
-        self.all_gated_async: Callable[[], bool] = lambda: False  # the middleware's routes say (`RouteTable`)
         core.limit_listeners.append(self._limit_changed)
         read_through = getattr(core.controller, "read_through", None)  # a batcher's (optional in the protocol)
         if read_through is not None:
@@ -237,13 +236,13 @@ class Operations:
         if pool is None or self._warned_thread_pool:
             return
         tokens = pool.total_tokens
-        if limit <= tokens or self.all_gated_async():
-            return  # `async def` routes run on the loop: the pool does not bound them
+        if limit <= tokens:
+            return
         self._warned_thread_pool = True
         logger.warning(
-            "adaptive_gate: the limit reached %d but sync routes share a thread pool of %d tokens, so at most %d "
-            "of them run at once; raise anyio.to_thread.current_default_thread_limiter().total_tokens "
-            "if the GPU holds more",
+            "adaptive_gate: the limit reached %d but sync routes (and work an async route hands to "
+            "run_in_threadpool) share a thread pool of %d tokens, so at most %d of them run at once; raise "
+            "anyio.to_thread.current_default_thread_limiter().total_tokens if the GPU holds more",
             limit,
             tokens,
             tokens,

@@ -17,7 +17,7 @@ import inspect
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from starlette.routing import Host, Match, Mount, Route, WebSocketRoute
@@ -83,15 +83,6 @@ def _build(routes: Sequence[Any], wanted: frozenset[str]) -> list[_Node]:
     # Past the last gated route nothing can be gated: requests stop looking there.
     last_gated = max((i for i, node in enumerate(nodes) if node.gated), default=-1)
     return nodes[: last_gated + 1]
-
-
-def _leaves(nodes: list[_Node]) -> Iterator[_Node]:
-    """The routes of `nodes`, inside mounts too."""
-    for node in nodes:
-        if node.children is None:
-            yield node
-        else:
-            yield from _leaves(node.children)
 
 
 def route_path(scope: Scope) -> str:
@@ -185,12 +176,6 @@ class RouteTable:
                 answers.clear()
             answers[scope["method"], path] = route
         return route
-
-    def all_gated_async(self) -> bool:
-        """Whether every gated route of the routes read so far is `async def` (none runs on the thread pool);
-        False before any was read, or where every request is gated (`tag=None`: any endpoint may be sync)."""
-        gated = [route for route in _leaves(self._nodes) if route.gated] if self._tags is not None else []
-        return bool(gated) and all(route.gated_route.is_async for route in gated)
 
     def match(self, scope: Scope, path: str) -> GatedRoute | None:
         """The gated route this request (`path`: its `route_path`) goes to, or None if not gated."""
