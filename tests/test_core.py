@@ -496,12 +496,12 @@ def test_the_limit_in_force_keeps_to_the_bounds_whatever_a_controller_of_ones_ow
 
     greedy = Asks(1000)
     core = GateCore(greedy, min_limit=2, max_limit=8, initial_limit=None, max_queue=8, max_retry_after_s=60)
-    assert core.limiter.limit == 8
+    assert core.limiter.limit == 8 and core.statistics(0.0).bound == "max_limit"
     tickets = [core.enter(30.0, 1, None, arrived_s=0.0, now_s=0.0) for _ in range(9)]
     assert tickets[-1] is None and core.limiter.in_flight == 8  # the ninth waits
     greedy._limit = 0
     core.sample(MemorySample(8 * GiB, 24 * GiB), 1.0)
-    assert core.limiter.limit == 2
+    assert core.limiter.limit == 2 and core.statistics(1.0).bound == "min_limit"
     greedy._limit = -5
     core.sample(MemorySample(8 * GiB, 24 * GiB), 1.5)
     assert core.limiter.limit == 2

@@ -324,7 +324,7 @@ class GateCore(CoreSnapshot):
         if operator is not None and controller.limit >= operator.max_limit:
             demand = False  # held down by the operator: growing underneath would only creep
         controller.on_success(now_s=now_s, latency_s=latency_s, concurrency=concurrency, demand=demand)
-        if operator is not None or controller.limit != limit:  # else _apply_limit would change nothing
+        if operator is not None or self._bounded(controller.limit) != limit:  # else _apply_limit changes nothing
             self._apply_limit(now_s)
 
     def oom(self, ticket: Ticket, now_s: float, tried_bytes: int | None = None) -> bool:

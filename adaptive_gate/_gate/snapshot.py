@@ -111,6 +111,11 @@ class CoreSnapshot(CoreAnswers):
         operator = self.operator
         if operator is not None and operator.clamp(controller.limit) != controller.limit:
             return "operator"
+        # A controller of one's own that asks past the configured bounds is held to them (`GateCore._bounded`)
+        if controller.limit > self.max_limit:
+            return "max_limit"
+        if controller.limit < self.min_limit:
+            return "min_limit"
         return controller.bound
 
 
