@@ -56,6 +56,12 @@ def _mig_enabled(nvml: Any, handle: Any) -> bool:
     get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
     if get_mode is None:
         return False
+    is_instance = getattr(nvml, "nvmlDeviceIsMigDeviceHandle", None)
+    try:
+        if is_instance is not None and is_instance(handle):
+            return False  # an instance: whatever the mode of its card
+    except Exception:
+        pass
     try:
         current, _pending = get_mode(handle)
     except Exception:

@@ -300,11 +300,13 @@ def test_nvml_refuses_a_card_in_mig_mode_and_reads_its_instance(
     nvml.cards.append({"uuid": "MIG-cccc", "pci": "00000000:01:00.0", "name": "Slice", "used": GiB, "total": 10 * GiB})
 
     def mig_mode(handle: dict[str, Any]) -> tuple[int, int]:
-        if handle["uuid"].startswith("MIG-"):
-            raise nvml.NVMLError("Not Supported")  # an instance's own handle
-        return (1, 1) if handle["uuid"] == "GPU-aaaa" else (0, 0)
+        # An instance's handle may answer its card's mode: it is told apart by nvmlDeviceIsMigDeviceHandle
+        return (1, 1) if handle["uuid"] in ("GPU-aaaa", "MIG-cccc") else (0, 0)
 
     monkeypatch.setattr(nvml, "nvmlDeviceGetMigMode", mig_mode, raising=False)
+    monkeypatch.setattr(
+        nvml, "nvmlDeviceIsMigDeviceHandle", lambda handle: handle["uuid"].startswith("MIG-"), raising=False
+    )
     with pytest.raises(ProbeUnavailable, match="MIG mode.*CUDA_VISIBLE_DEVICES=MIG-"):
         NvmlProbe(0)
     assert NvmlProbe(1).sample().total_bytes == 80 * GiB  # MIG off: the whole card
