@@ -150,6 +150,31 @@ async def test_the_error_says_what_was_wrong_with_the_reading() -> None:
 # -- 2. a slow uploader, a client that reads nothing ------------------------------------------------
 
 
+@pytest.mark.anyio
+async def test_a_body_is_read_no_longer_than_the_request_s_own_deadline() -> None:
+    """A client with a 200 ms deadline (Envoy's header) whose body comes over 0.6 s is answered 408 when its
+    deadline passes: the answer after it is one nobody waits for (it was given a second, and served)."""
+    app = echo_app(controller=Fixed(1))
+    head = [(b"transfer-encoding", b"chunked"), (b"x-envoy-expected-rq-timeout-ms", b"200")]
+    parts = iter([b"a", b"b", b"c"])
+    sent = [0]
+
+    async def receive() -> dict[str, Any]:
+        part = next(parts, None)
+        if part is None:
+            await anyio.sleep(3600)
+        if sent[0]:
+            await anyio.sleep(0.3)
+        sent[0] += 1
+        return {"type": "http.request", "body": part, "more_body": sent[0] < 3}
+
+    client = RawClient()
+    await app(http_scope("/infer", method="POST", headers=head), receive, client.send)
+    assert client.status == 408 and b'"reason":"body_timeout"' in client.body
+    assert sent[0] == 1  # answered at its deadline, with the second part still 0.1 s away
+    assert find_gate(app).statistics().counters["admitted"] == 0
+
+
 def test_a_slow_uploader_holds_no_gpu_slot() -> None:
     """One connection sending a byte at a time used to hold the only slot; now its body is read
     before it may take one, and it is answered 408 when the body timeout passes."""

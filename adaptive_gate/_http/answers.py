@@ -23,7 +23,6 @@ __all__ = ["CLOSE", "Answers"]
 logger = logging.getLogger("adaptive_gate")
 
 CLOSE = [(b"connection", b"close")]
-MIN_BODY_READ_S = 1.0  # a request whose deadline is already near still gets this long to send its body
 
 
 class Answers:
@@ -95,7 +94,9 @@ class Answers:
         if length is not None and length > options.max_body_bytes:  # -1: unreadable, found out by reading
             await self.refuse_body(send, ReadOutcome.TOO_LARGE)
             return None
-        timeout_s = min(options.body_timeout, max(deadline_s, MIN_BODY_READ_S))
+        # Never past the request's own deadline: an answer after it is one nobody waits for (the timer starts
+        # with the body's second message, so a body that comes whole is read whatever the deadline)
+        timeout_s = min(options.body_timeout, max(0.0, deadline_s))
         body = await read_body(receive, max_body_bytes=options.max_body_bytes, budget=budget, timeout_s=timeout_s)
         if body.outcome is ReadOutcome.COMPLETE:
             return body
