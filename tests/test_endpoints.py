@@ -153,6 +153,13 @@ async def test_put_limits_pins_and_bounds_the_limit_at_run_time() -> None:
         back = await client.put("/gate/limits", json={"pin": None}, headers=AUTH)
         assert back.json()["operator"] is None and back.json()["limit"] == 8
         assert held.peak == 5
+        # A pin at the controller's own limit is the operator's all the same; bounds that do not bind are not
+        assert (await client.put("/gate/limits", json={"pin": 8}, headers=AUTH)).status_code == 200
+        assert (await client.get("/gate/status", headers=AUTH)).json()["bound"] == "operator"
+        assert (
+            await client.put("/gate/limits", json={"min_limit": 1, "max_limit": 12}, headers=AUTH)
+        ).status_code == 200
+        assert (await client.get("/gate/status", headers=AUTH)).json()["bound"] == "controller"
 
 
 @pytest.mark.parametrize(

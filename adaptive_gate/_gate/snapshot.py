@@ -107,9 +107,10 @@ class CoreSnapshot(CoreAnswers):
         )
 
     def _bound(self, controller: ControllerStatistics) -> str:
-        """Which bound sets the limit now: the controller's own answer, unless the operator clamps it."""
+        """Which bound sets the limit now: the controller's own answer, unless the operator pinned it or
+        its bounds clamp it."""
         operator = self.operator
-        if operator is not None and operator.clamp(controller.limit) != controller.limit:
+        if operator is not None and (operator.pinned or operator.clamp(controller.limit) != controller.limit):
             return "operator"
         # A controller of one's own that asks past the configured bounds is held to them (`GateCore._bounded`)
         if controller.limit > self.max_limit:
