@@ -279,11 +279,14 @@ class CombinedProbe:
         return f"CombinedProbe({self.nvml!r}, {self.torch!r})"
 
 
+NO_DEVICE = "none"  # the metrics' device label where no probe reads a card (the status says null)
+
+
 def device_label(probe: object) -> str:
     """A short, stable name for a probe's device, for metric labels: the probe's `device_label`
     (the NVML UUID for the built-in probes that have one), else its class name."""
     if probe is None:
-        return "none"
+        return NO_DEVICE
     label = getattr(probe, "device_label", None)
     return str(label) if label else type(probe).__name__
 

@@ -168,6 +168,7 @@ async def test_probe_none_never_samples() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(manager.app), base_url="http://t") as client:
             status = (await client.get("/gate/status")).json()
     assert status["memory"] is None and "probe=None" in status["probe"]["description"]
+    assert status["device"] is None  # no card read: null, as the status reference says ("none" in metric labels)
 
 
 async def test_a_second_lifespan_samples_again() -> None:

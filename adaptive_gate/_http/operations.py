@@ -26,7 +26,7 @@ from .._observe.workers import WorkerCount
 from .._version import __version__
 from ..memory import MemorySample
 from ..options import GateOptions
-from ..probes import Probe, auto_probe, device_label
+from ..probes import NO_DEVICE, Probe, auto_probe, device_label
 from .background import FIRST_READING_WAIT_S, Background
 
 __all__ = ["MONITOR_PERIOD_S", "Operations"]
@@ -203,7 +203,7 @@ class Operations:
 
     def _make_sampler(self) -> Sampler[InFlight] | None:
         if self.options.probe is None:
-            self.core.probe_found("probe: none (probe=None), the gate runs on OOM and latency signals", "none",
+            self.core.probe_found("probe: none (probe=None), the gate runs on OOM and latency signals", NO_DEVICE,
                                   simulated=False)  # fmt: skip
             return None
         return Sampler(

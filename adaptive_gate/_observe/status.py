@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._gate.statistics import GateStatistics
+from ..probes import NO_DEVICE
 
 __all__ = ["render_json", "status_document"]
 
@@ -30,7 +31,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "loop_lag_s": round(stats.loop_lag_s, 4),
         "findings": list(stats.findings),
         "finding_appearances": stats.finding_appearances,
-        "device": probe.device,
+        "device": None if probe.device == NO_DEVICE else probe.device,
         "memory": _memory(stats),
         "counters": stats.counters,
         "queue_wait_ms": stats.queue_wait_ms,
