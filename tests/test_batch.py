@@ -407,6 +407,11 @@ async def test_the_gate_in_front_lets_batches_of_several_form() -> None:
     assert samples["adaptive_gate_batch_items_total"] == 6 * 32
     assert samples["adaptive_gate_batch_size"] == status["controller"]["batching"]["batch_size"]
     assert samples["adaptive_gate_batch_splits_total"] == 0
+    # The figures of `statistics()`, all of them: cancelled callers and the learned bytes too
+    batching, stats = status["controller"]["batching"], fn.statistics()
+    assert batching["cancelled"] == stats.cancelled == samples["adaptive_gate_batch_cancelled_total"] == 0
+    assert batching["bytes_per_unit"] == stats.policy["bytes_per_unit"] == samples["adaptive_gate_batch_bytes_per_unit"]
+    assert batching["workspace_bytes"] == stats.policy["workspace_bytes"] is not None
 
 
 async def test_a_fixed_gate_limit_caps_what_reaches_the_batcher() -> None:

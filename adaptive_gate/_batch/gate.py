@@ -87,7 +87,11 @@ class BatchCapacity:
             "splits": stats.splits,
             "ooms": stats.ooms,
             "failed_items": stats.failed_items,
+            "cancelled": stats.cancelled,
             "wait_added_ms_mean": None if wait_s is None else round(wait_s * 1000, 3),
+            # What the batcher learned of its batches' bytes (None until it has)
+            "workspace_bytes": stats.policy.get("workspace_bytes"),
+            "bytes_per_unit": stats.policy.get("bytes_per_unit"),
             "probe": stats.probe,
         }
         return {"controller": "batch_capacity", "bound": "batcher", "why": _why(stats), "batching": batching}

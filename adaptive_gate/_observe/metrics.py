@@ -238,6 +238,11 @@ BATCH_COUNTERS = {
     "splits": ("batch_splits", "Batches split in halves after an out-of-memory error"),
     "ooms": ("batch_ooms", "Items that failed alone with an out-of-memory error"),
     "failed_items": ("batch_failed_items", "Items that failed (their own error, or their batch's)"),
+    "cancelled": ("batch_cancelled", "Callers that left before their batch answered them"),
+}
+BATCH_BYTES = {
+    "workspace_bytes": ("batch_workspace_bytes", "Bytes a batch holds beside its items, as learned"),
+    "bytes_per_unit": ("batch_bytes_per_unit", "Bytes one unit of an item's cost holds in a batch, as learned"),
 }
 
 
@@ -251,3 +256,6 @@ def _batching_families(stats: GateStatistics) -> Iterator[Metric]:
     wait_ms = batching.get("wait_added_ms_mean")
     if wait_ms is not None:
         yield _gauge("batch_wait_added_seconds_mean", "Mean wait from an item's arrival to its batch", wait_ms / 1000)
+    for key, (name, documentation) in BATCH_BYTES.items():
+        if batching.get(key) is not None:
+            yield _gauge(name, documentation, batching[key])
