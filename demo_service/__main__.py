@@ -10,6 +10,8 @@ from pathlib import Path
 
 import uvicorn
 
+from adaptive_gate.options import GateOptions
+
 from .app import Settings, create_app
 from .model import DEFAULT_MODEL, MODEL_NAMES
 
@@ -71,6 +73,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
     token = os.environ.get(TOKEN_VARIABLE)
     if token:
         gate["admin_token"] = token
+    try:
+        GateOptions(**gate)  # said now: under uvicorn, an error building the app's middleware answers 500 to all
+    except (TypeError, ValueError) as error:
+        name = TOKEN_VARIABLE if "admin_token" in str(error) else "a gate option"
+        raise SystemExit(f"{name}: {error}") from None
     return Settings(
         device=args.device,
         architecture=args.model,

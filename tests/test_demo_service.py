@@ -302,6 +302,16 @@ def test_command_line() -> None:
             parse_policy(bad)
 
 
+def test_a_short_admin_token_stops_the_demo_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Said at the start: under uvicorn, the gate's error while the app is built answered every request 500."""
+    monkeypatch.setenv("ADAPTIVE_GATE_ADMIN_TOKEN", "short")
+    with pytest.raises(SystemExit, match="ADAPTIVE_GATE_ADMIN_TOKEN: admin_token must be at least 16 characters"):
+        settings_from(parse_args([]))
+    with pytest.raises(SystemExit, match="a gate option: max_limit"):
+        monkeypatch.delenv("ADAPTIVE_GATE_ADMIN_TOKEN")
+        settings_from(parse_args(["--min-limit", "4", "--max-limit", "2"]))
+
+
 def test_bad_device_is_explained() -> None:
     with pytest.raises(ValueError, match="CUDA is not available"):
         create_app(Settings(device="cuda:0"))
