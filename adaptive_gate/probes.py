@@ -176,7 +176,7 @@ class TorchCudaProbe:
         self._torch = torch
         self.device = device
         self.count_ooms = count_ooms
-        self._context_seen = False  # whether the app's allocator has held memory on the device (a context)
+        self._context_seen = False  # whether the process was seen to have a CUDA context on the device
 
     def oom_count(self, ooms: int) -> int | None:
         """The count a sample reports: the allocator's, or None where it is not to be counted."""

@@ -248,7 +248,8 @@ def describe(settings: Settings, device: torch.device, classifier: Classifier, p
         total = torch.cuda.get_device_properties(device).total_memory
         fraction = settings.vram_fraction or 1.0
         card = f"{torch.cuda.get_device_name(device)}, {int(total * fraction) // MiB} MiB usable"
-        probe = "torch.cuda capped at the fraction" if settings.vram_fraction else "auto (NVML, torch.cuda)"
+        capped = " within the fraction PyTorch is capped at" if settings.vram_fraction else ""
+        probe = f"auto (NVML, torch.cuda){capped}"
     shown = {name: "(set)" if name == "admin_token" else value for name, value in settings.gate.items()}
     return (
         f"device={device} model={settings.architecture} {card}; probe={probe}; policy={settings.policy}; "
