@@ -31,7 +31,7 @@ from ._gate.reasons import ADMITTED, Reason, Waited
 from ._gate.statistics import GateStatistics
 from ._http.answers import Answers
 from ._http.background import serve_lifespan
-from ._http.body import Body, BodyBudget, request_head
+from ._http.body import Body, BodyBudget, ReadOutcome, request_head
 from ._http.classify import Classifier
 from ._http.endpoints import Endpoints
 from ._http.keywords import GateKeywords, signature_of_options
@@ -141,6 +141,10 @@ class AdaptiveGate:
                 return
             receive = body.receive
             now_s = clock()
+            if 0 < deadline_s <= now_s - arrived_s:  # a body held back whole past the deadline: nobody waits now
+                self._body_budget.give_back(body.nbytes)
+                await self._answers.refuse_body(send, ReadOutcome.TIMED_OUT)
+                return
             deadline_s -= now_s - arrived_s  # the time reading the body took counts
         ticket = core.enter(deadline_s, units, route, arrived_s, now_s, requests) if self._classify is None else None
         if ticket is None:  # no slot free at once, a deadline to judge, or classes: the long way

@@ -95,7 +95,9 @@ class GateOptions:
     max_queue: int = option(
         128, f"an int in `[0, {MAX_QUEUE}]`", "requests that may wait; more are rejected at once (`0`: no queue)"
     )
-    queue_timeout: float = option(30.0, "seconds >= 0", "how long a request may wait for a slot")
+    queue_timeout: float = option(
+        30.0, "seconds >= 0", "a request's deadline, its work included (0: it runs if a slot is free at once, else 503)"
+    )
     probe: object = option(
         "auto",
         '`"auto"`, `None`, or an object with `sample() -> MemorySample`',

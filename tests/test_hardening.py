@@ -175,6 +175,28 @@ async def test_a_body_is_read_no_longer_than_the_request_s_own_deadline() -> Non
     assert find_gate(app).statistics().counters["admitted"] == 0
 
 
+@pytest.mark.anyio
+async def test_a_body_held_back_whole_past_the_deadline_is_not_served() -> None:
+    """The whole body in one message, sent 0.3 s after a 200 ms deadline (no timer runs for a first message):
+    read, then answered 408, before the route is asked (it had been served after its client left)."""
+    app = echo_app(controller=Fixed(1))
+    head = [(b"content-length", b"3"), (b"x-envoy-expected-rq-timeout-ms", b"200")]
+    sent = [False]
+
+    async def receive() -> dict[str, Any]:
+        if sent[0]:
+            await anyio.sleep(3600)
+        await anyio.sleep(0.3)
+        sent[0] = True
+        return {"type": "http.request", "body": b"abc", "more_body": False}
+
+    client = RawClient()
+    await app(http_scope("/infer", method="POST", headers=head), receive, client.send)
+    assert client.status == 408 and b'"reason":"body_timeout"' in client.body
+    counters = find_gate(app).statistics().counters
+    assert counters["admitted"] == 0 and counters["body_timeouts"] == 1
+
+
 def test_a_slow_uploader_holds_no_gpu_slot() -> None:
     """One connection sending a byte at a time used to hold the only slot; now its body is read
     before it may take one, and it is answered 408 when the body timeout passes."""

@@ -46,13 +46,15 @@ async def test_the_exposition_agrees_with_the_status() -> None:
                 tg.start_soon(client.post, "/work")
         await client.post("/work", params={"nbytes": 2048 * MiB})  # never fits: OOM -> 503 too_large
         await client.post("/work", params={"fail": 422})
-        # No time for the route's work (50 ms, learned above): turned away even with a slot free...
-        await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "0"})
+        # No time for the route's work (50 ms, learned above): turned away even with a slot free... (10 ms, right
+        # after an answer: not a request let through to measure the route again, as one is each second)
+        await client.post("/work")
+        await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "10"})
         async with anyio.create_task_group() as tg:  # ...and when it must queue: hold both slots
             tg.start_soon(client.post, "/work")
             tg.start_soon(client.post, "/work")
             await wait_until(lambda: find_gate(app).statistics().in_flight == 2)
-            await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "0"})
+            await client.post("/work", headers={"x-envoy-expected-rq-timeout-ms": "10"})
         # No request runs now, so the status and the scrape see the same moment, and an idle reading.
         await wait_until(lambda: find_gate(app).statistics().probe.last_sample.used_bytes == 100 * MiB)  # type: ignore[union-attr]
         status = (await client.get("/gate/status")).json()

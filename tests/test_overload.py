@@ -4,6 +4,7 @@ fake clock (the core) or through the middleware where the wire matters (headers,
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -22,7 +23,7 @@ from benchmarks.overload import Flow, Replay, capacity_per_s
 
 from .asgi_helpers import RawClient, http_scope
 from .core_machine import CoreMachine
-from .helpers import find_gate, parse, wait_until
+from .helpers import client_for, find_gate, gated_app, parse, wait_until
 
 SERVICE_S = 1.0
 
@@ -81,6 +82,32 @@ def test_a_route_slower_than_every_deadline_is_tried_by_requests_of_any_deadline
             core.release(ticket, now[0], Outcome.COMPLETED)
     assert core.services.mean_by_route["r"] < 0.2
     assert core.arrive(0.2, route="r", now_s=now[0]) is ADMITTED  # right after an answer: no probe, the mean fits
+
+
+@pytest.mark.anyio
+async def test_a_queue_timeout_of_0_runs_a_request_now_or_answers_at_once() -> None:
+    """`queue_timeout=0` is no time to wait for a slot, not no time at all: a request that finds a slot runs,
+    however long the route's work (once the route had answered, every request was turned away for good), and
+    one that finds none is answered at once. A body in several parts is read as any other (it had 408)."""
+    app, held = gated_app(controller=Fixed(1), queue_timeout=0)
+    held.go.set()  # each answers at once
+    async with client_for(app) as client:
+        assert [(await client.post("/work")).status_code for _ in range(3)] == [200, 200, 200]
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield b"a"
+            await anyio.sleep(0.01)
+            yield b"b"
+
+        assert (await client.post("/work", content=parts())).status_code == 200
+    busy, held = gated_app(controller=Fixed(1), queue_timeout=0)
+    async with client_for(busy) as client, anyio.create_task_group() as tg:
+        tg.start_soon(client.post, "/work")
+        await wait_until(lambda: held.running == 1)
+        refused = await client.post("/work")
+        assert refused.status_code == 503 and refused.json()["reason"] == "deadline"
+        assert find_gate(busy).statistics().queued == 0
+        held.go.set()
 
 
 def test_expected_wait_and_work_past_the_deadline_is_turned_away_at_once() -> None:

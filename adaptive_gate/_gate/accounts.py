@@ -35,8 +35,8 @@ MAX_ROUTES = 1024
 SMOOTHING = 0.1  # weight of the newest service time in the moving mean and deviation
 DEVIATIONS = 3.0  # the service time planned for: mean + 3 mean deviations
 # A route whose mean is past the deadlines is still tried this often (or once per mean), by a request of any
-# deadline but none: where each has less than half the mean (a slow warm-up, then clients of 200 ms), a bar on
-# short ones refused the route for ever.
+# deadline: where each has less than half the mean (a slow warm-up, then clients of 200 ms), a bar on short ones
+# refused the route for ever.
 PROBE_EVERY_S = 1.0
 
 
@@ -173,7 +173,7 @@ class ServiceEstimates:
         measure the route again: once per `PROBE_EVERY_S` (or per mean) without an answer."""
         estimate = self._by_route[route]
         mean_s = estimate[0]
-        if timeout_s <= 0 or now_s - estimate[2] < max(PROBE_EVERY_S, mean_s):  # no time at all: no measure
+        if now_s - estimate[2] < max(PROBE_EVERY_S, mean_s):
             return False
         estimate[2] = now_s
         return True

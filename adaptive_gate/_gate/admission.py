@@ -84,7 +84,7 @@ def queue_up(
     if detector is not None:
         # Whoever found no free slot arrives: joining, shed, or too late for the line.
         detector.arrived(now_s, wait_s=fifo_wait_s, budget_s=budget_s)
-    if late:
+    if late or timeout_s <= 0:  # a deadline of 0 (`queue_timeout=0`): run now or not at all
         return Reason.DEADLINE
     if shed:
         return Reason.OVERLOAD

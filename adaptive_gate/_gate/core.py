@@ -146,7 +146,8 @@ class GateCore(CoreSnapshot):
         if self.classes is not None:
             self.classes.arrived(priority, tenant)
         mean_s = self._mean_by_route.get(route)
-        if mean_s is not None and mean_s > timeout_s and not self.services.may_probe(route, timeout_s, now_s):
+        # A deadline of 0 (`queue_timeout=0`) is no time to wait, not no time at all: its work is not judged
+        if mean_s is not None and mean_s > timeout_s > 0 and not self.services.may_probe(route, timeout_s, now_s):
             return Reason.DEADLINE
         if self._too_large_by_route and self.too_large_routes.refuses(route, now_s, units):
             return Reason.TOO_LARGE
@@ -170,7 +171,7 @@ class GateCore(CoreSnapshot):
         if self.classes is not None:
             return None
         mean_s = self._mean_by_route.get(route)
-        if mean_s is not None and mean_s > timeout_s:
+        if mean_s is not None and mean_s > timeout_s > 0:
             return None  # `arrive` decides: "deadline", or a request let through to measure again
         if self._too_large_by_route and self.too_large_routes.closed(route, units):
             return None  # `arrive` decides: "too_large" at the door, or a request let through to try the card

@@ -95,8 +95,9 @@ class Answers:
             await self.refuse_body(send, ReadOutcome.TOO_LARGE)
             return None
         # Never past the request's own deadline: an answer after it is one nobody waits for (the timer starts
-        # with the body's second message, so a body that comes whole is read whatever the deadline)
-        timeout_s = min(options.body_timeout, max(0.0, deadline_s))
+        # with the body's second message, so a body that comes whole is read whatever the deadline). A deadline
+        # of 0 (`queue_timeout=0`) is no time to wait for a slot: the body has `body_timeout`.
+        timeout_s = min(options.body_timeout, deadline_s) if deadline_s > 0 else options.body_timeout
         body = await read_body(receive, max_body_bytes=options.max_body_bytes, budget=budget, timeout_s=timeout_s)
         if body.outcome is ReadOutcome.COMPLETE:
             return body
