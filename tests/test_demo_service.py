@@ -307,6 +307,7 @@ def test_a_short_admin_token_stops_the_demo_before_it_serves(monkeypatch: pytest
     monkeypatch.setenv("ADAPTIVE_GATE_ADMIN_TOKEN", "short")
     with pytest.raises(SystemExit, match="ADAPTIVE_GATE_ADMIN_TOKEN: admin_token must be at least 16 characters"):
         settings_from(parse_args([]))
+    assert settings_from(parse_args(["--policy", "static:4"])).policy == "static:4"  # builds no gate: no token
     with pytest.raises(SystemExit, match="a gate option: max_limit"):
         monkeypatch.delenv("ADAPTIVE_GATE_ADMIN_TOKEN")
         settings_from(parse_args(["--min-limit", "4", "--max-limit", "2"]))
