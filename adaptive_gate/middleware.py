@@ -132,7 +132,8 @@ class AdaptiveGate:
         cost = self._cost
         requests = 1 if cost is None else units_of_cost(cost(scope))  # before its route's weight
         units = core.weigh(route, requests)
-        deadline_s, length, has_body = request_head(scope, self._queue_timeout_s)
+        proxy_s, length, has_body = request_head(scope)
+        deadline_s = self._queue_timeout_s  # from its arrival, the body included
         body: Body | None = None
         now_s = arrived_s  # no body to read: it may go in the moment it arrived, and waited for nothing
         if has_body:
@@ -146,6 +147,8 @@ class AdaptiveGate:
                 await self._answers.refuse_body(send, ReadOutcome.TIMED_OUT)
                 return
             deadline_s -= now_s - arrived_s  # the time reading the body took counts
+        if proxy_s is not None and proxy_s < deadline_s:
+            deadline_s = proxy_s  # the proxy's deadline runs from the end of the body, as Envoy's timer does
         ticket = core.enter(deadline_s, units, route, arrived_s, now_s, requests) if self._classify is None else None
         if ticket is None:  # no slot free at once, a deadline to judge, or classes: the long way
             admitted = await self._admit(route, scope, receive, send, body, deadline_s, (units, requests), arrived_s)

@@ -3,7 +3,7 @@
 The slot is for GPU work. Were it taken first, a client that sends its body at one byte a second
 would hold it for as long as it likes, and sixty-four such clients would hold every slot of a warm
 service. So the gate reads the body first, under three bounds: its size (`max_body_bytes`, else
-413), the time it may take (the body timeout, and never past the request's own deadline, else 408),
+413), the time it may take (the body timeout, and never past `queue_timeout`, else 408),
 and the bytes all requests read but not yet admitted hold together (`max_buffered_bytes`, else the
 queue counts as full). The messages read are replayed to the application in order.
 """
@@ -76,23 +76,25 @@ class Body:
             self._messages.append(message)  # nothing else is expected once the body is whole; kept all the same
 
 
-def request_head(scope: Scope, queue_timeout_s: float) -> tuple[float, int | None, bool]:
-    """From one pass over the headers: the seconds this request may wait (`queue_timeout`, or
-    sooner if the proxy says so), the body's announced length, and whether a body may come."""
-    deadline_s, length, chunked = queue_timeout_s, None, False
+def request_head(scope: Scope) -> tuple[float | None, int | None, bool]:
+    """From one pass over the headers: the seconds the proxy in front expects the request to take, where
+    it says (Envoy's header: its timer starts once it has the whole request, so from the end of the body),
+    the body's announced length, and whether a body may come."""
+    proxy_s: float | None = None
+    length, chunked = None, False
     for name, value in scope["headers"]:
         if name == DEADLINE_HEADER:
             # Digits only (int() takes "1_000" and " 5"); more than 12 of them is past any
             # timeout we keep, and would overflow the float division. Malformed: ignored.
             if value.isdigit() and len(value) <= 12:
-                deadline_s = min(deadline_s, int(value) / 1000)
+                proxy_s = int(value) / 1000
         elif name == b"content-length":
             length = int(value) if value.isdigit() and len(value) <= 18 else -1
         elif name == b"transfer-encoding":
             chunked = True
     # HTTP/1 says a request has a body only with one of those two headers; HTTP/2 and 3 need neither.
     has_body = chunked or length != 0 and (length is not None or scope.get("http_version") not in HTTP_1)
-    return deadline_s, length, has_body
+    return proxy_s, length, has_body
 
 
 async def read_body(receive: Receive, *, max_body_bytes: int, budget: BodyBudget, timeout_s: float) -> Body:
