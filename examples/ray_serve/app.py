@@ -19,7 +19,8 @@ Run it (CPU without a GPU, on 127.0.0.1:8000):
     python examples/ray_serve/app.py --port 8000
     curl -X POST localhost:8000/predict -H 'content-type: application/json' -d '{"rows": 64}'
 
-Gate options come from the environment for this example (`GATE_MAX_LIMIT`, `GATE_MAX_QUEUE`).
+Gate options come from the environment for this example (`GATE_MAX_LIMIT`, `GATE_MAX_QUEUE`), and so does
+the number of replicas Ray may scale to (`MAX_REPLICAS`, 1 by default).
 """
 
 # No `from __future__ import annotations` here: FastAPI must see the real types of the methods'
