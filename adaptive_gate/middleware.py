@@ -130,7 +130,7 @@ class AdaptiveGate:
         clock, core = self._clock, self.core
         arrived_s = clock()
         cost = self._cost
-        requests = 1 if cost is None else units_of_cost(cost(scope))  # before its route's weight
+        requests = 1 if cost is None else core.shaped(units_of_cost(cost(scope)))  # before its route's weight
         units = core.weigh(route, requests)
         proxy_s, length, has_body = request_head(scope)
         deadline_s = self._queue_timeout_s  # from its arrival, the body included

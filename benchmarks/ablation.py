@@ -21,6 +21,7 @@ from typing import Any
 from unittest import mock
 
 from adaptive_gate._control import route_weights
+from adaptive_gate._control.cost_shape import CostShape
 from adaptive_gate._control.oom_states import FIT_SLACK, ROOM_MARGIN, OomStates
 from adaptive_gate.control import AIMD, MemoryModel
 
@@ -405,6 +406,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "shares by the model's others": held_by_the_model,
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
+    "no part per request": AIMD,  # the core's cost shape: taken out by `AROUND`
 }
 # What each rule does, by the name of the variant that takes it out (the benchmarks page's table).
 RULES = {
@@ -442,6 +444,7 @@ RULES = {
     "where the own count agrees",
     "no fit of readings that stray": "routes told nothing are weighed by a fit of the readings less the others' bytes "
     "where no line explains them",
+    "no part per request": "a `cost` holds a part per request beside its units where the readings show one",
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
@@ -476,6 +479,7 @@ RULES = {
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
+    "no part per request": lambda: mock.patch.object(CostShape, "reading", lambda *args: None),
 }
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),

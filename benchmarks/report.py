@@ -40,6 +40,8 @@ SHORT = {
     "too-large": "one request in twelve never fits",
     "small-neighbour": "a neighbour smaller than one request",
     "mixed-routes-tight": "the same, on a card with room for five of them",
+    "batches": "batches of 1 to 8 told their size; each holds a workspace too",
+    "batches-late": "the same, allocating up to 50 ms after admission",
     "two-neighbours": "two neighbours come, one after the other",
     "survived-neighbour": "a neighbour takes five of eight; OOMs do not crash",
     "late-start": "requests allocate up to 50 ms after admission",

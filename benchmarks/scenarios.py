@@ -22,6 +22,20 @@ def now_and_then_too_large(rng: random.Random) -> int:
     return 20 * GiB if rng.random() < 1 / 12 else 3 * GiB
 
 
+BATCH_WORKSPACE_BYTES = 3 * GiB // 2  # what a batch holds whatever its size
+IMAGE_BYTES = GiB // 4  # and what each image in it adds
+
+
+def batch_of_images(rng: random.Random) -> int:
+    """The batches scenario: a batch of 1 to 8 images, its workspace and its images' activations."""
+    return BATCH_WORKSPACE_BYTES + rng.randint(1, 8) * IMAGE_BYTES
+
+
+def images_in_batch(nbytes: int) -> float:
+    """What a client of the batches scenario says its request weighs: its batch size, as users tell it."""
+    return float(round((nbytes - BATCH_WORKSPACE_BYTES) / IMAGE_BYTES))
+
+
 def route_by_size(nbytes: int) -> str:
     """The mixed-routes scenario: large requests have an endpoint of their own (a batch route, say)."""
     return "/infer/large" if nbytes > 3 * GiB else "/infer"
@@ -98,6 +112,21 @@ SCENARIOS: dict[str, Scenario] = {
             weights_bytes=int(11.5 * GiB),
             capacity_per_s=40.0,
             route=route_by_size,
+        ),
+        Scenario(
+            "batches",
+            "batches of 1 to 8 images, told through `cost` as their size: each holds 1.5 GiB of workspace and "
+            "0.25 GiB an image, so its bytes are not in proportion to its cost (a batch of 8 holds 2.3 of 1)",
+            [Phase(0.0, batch_of_images)],
+            cost=images_in_batch,
+        ),
+        Scenario(
+            "batches-late",
+            "batches, each allocating up to 50 ms after it is admitted (its images decoded first): readings "
+            "catch some of those in flight holding nothing yet",
+            [Phase(0.0, batch_of_images)],
+            cost=images_in_batch,
+            start_delay_s=0.05,
         ),
         Scenario(
             "classic-crash",

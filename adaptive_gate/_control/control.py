@@ -357,6 +357,10 @@ class AIMD(_Bounds):
         (`MemoryModel.units_changed`)."""
         self.memory.units_changed()
 
+    def reshaped(self, per_slot_bytes: float) -> None:
+        """Optional in the protocol: a `cost` weighs a part per request now (`MemoryModel.reshaped`)."""
+        self.memory.reshaped(per_slot_bytes)
+
     def costs_told(self) -> None:
         """Optional in the protocol, once: a request came with a `cost` other than 1 (`MemoryModel.told`)."""
         self.memory.costs_told()

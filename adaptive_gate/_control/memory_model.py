@@ -464,6 +464,21 @@ class MemoryModel:
             # A size an OOM named was one request's, of whichever route: a slot is the mean request now.
             self._per_request, self._size_read, self._size_floor = self._size_read, None, None
 
+    def reshaped(self, per_slot_bytes: float) -> None:
+        """A `cost` now weighs a part per request beside its units (`CostShape`), and a slot holds
+        `per_slot_bytes` by the fit that found it: readings before are in other slots, and the levels
+        OOMs barred were another load. Unlike route weights, the cost still tells what a request
+        holds, so a unit is still at least what a reading shows one holding, from now on."""
+        self._sizes_changed()
+        self._recent.clear()
+        self._hollow.clear()
+        self._size_before = None
+        self._unit_held = None
+        self._size_read = self._size_floor = None
+        self.ooms.forget()
+        self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, per_slot_bytes)
+        self._spread_sq = 0.0
+
     def _changed(self) -> None:
         """The card changed: no line through readings from before and after. The shares stay."""
         self._since_shrink = 0

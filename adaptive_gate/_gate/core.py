@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .._checks import check_int
 from .._control.control import Controller
+from .._control.cost_shape import CostShape
 from .._control.route_weights import RouteWeights
 from ..memory import MemorySample
 from .accounts import ClassCounts, ServiceEstimates
@@ -88,6 +89,13 @@ class GateCore(CoreSnapshot):
         self._too_large_by_route = self.too_large_routes.by_route
         # Routes told apart by their bytes, for a controller that counts memory: a Fixed(N) is N requests.
         self.route_weights = RouteWeights() if getattr(controller, "memory", None) is not None else None
+        # What a `cost` says of the bytes where they are not in proportion to it (one route only)
+        self.cost_shape = CostShape() if self.route_weights is not None else None
+        # Requests admitted before the shape last changed, still in flight, and what they weigh now beyond
+        # the slots they took (`_reshape`)
+        self._reshaped_serial = 0
+        self._reshaped_in_flight = 0
+        self._reshape_excess = 0.0
         self.requests_by_route: dict[object, float] = {}  # each route's requests in flight (`Ticket.requests`)
         self.drain = DrainRate()
         self.operator: OperatorBounds | None = None
@@ -184,6 +192,15 @@ class GateCore(CoreSnapshot):
         else:
             self.queue_wait_s.add(now_s - arrived_s)
         return self._hold(now_s, busy_area, units, route, arrived_s, requests)
+
+    def shaped(self, cost: float) -> float:
+        """What a request told `cost` (`units_of_cost`) weighs before its route's weight: its cost, or
+        where the readings found a part per request beside the units (`CostShape`), that part too."""
+        shape = self.cost_shape
+        if shape is None:
+            return cost
+        slots = shape.told(cost)
+        return cost if shape.offset == 0.0 else units_of_cost(min(MAX_COST, slots))
 
     def weigh(self, route: object, units: float) -> float:
         """The slots a request of `route` that weighs `units` takes: times its route's learned weight."""
@@ -284,6 +301,8 @@ class GateCore(CoreSnapshot):
         if ticket.released:
             return
         ticket.released = True
+        if ticket.serial <= self._reshaped_serial and self._reshaped_in_flight > 0:
+            self._left_from_before_reshape(ticket, now_s)  # before its slots go to the line, at the limit of now
         limiter = self.limiter
         in_flight = limiter.in_flight
         busy_area = limiter.release(ticket.units, now_s=now_s)
@@ -430,8 +449,13 @@ class GateCore(CoreSnapshot):
         the loop runs: attribute reads and a copy of a plain dict, none of which yields the GIL. What they
         weigh beyond their own is read with the slots: read later, on the loop, after a request from
         before a shrink came or went, a reading of whole requests counted parts of one."""
+        counters = self.counters
         return InFlight(
-            self.limiter.in_flight, self.requests_by_route.copy(), self.counters.admitted, self._heavier_in_flight
+            self.limiter.in_flight,
+            self.requests_by_route.copy(),
+            counters.admitted,
+            self._heavier_in_flight - self._reshape_excess,
+            counters.admitted - counters.ended,
         )
 
     def sample(self, sample: MemorySample, now_s: float, then: InFlight | None = None) -> None:
@@ -449,6 +473,7 @@ class GateCore(CoreSnapshot):
             units_changed = getattr(self.controller, "units_changed", None)  # optional in the protocol
             if units_changed is not None:
                 units_changed()
+        reshaped_excess = self._reshape(sample, then, now_s)
         if self._arrived_s is not None:
             # Where several routes are gated, a slot's bytes are their weights' (`RouteWeights`), and
             # what one request asked for says little of another route's: nothing is held from before.
@@ -462,7 +487,7 @@ class GateCore(CoreSnapshot):
         else:
             # The model reads each request at its own slots: what the line weighs beyond them is a guess
             # of the sizes from before, and read as bytes a slot holds, it halved a slot at each reading.
-            in_flight = max(0.0, then.units - then.heavier)
+            in_flight = max(0.0, then.units - then.heavier + reshaped_excess)
         self.controller.on_sample(now_s=now_s, sample=sample, in_flight=in_flight)
         self._count_swallowed_ooms(sample, now_s)
         if self._heavier_before is not None and len(self.requests_by_route) <= 1:
@@ -470,6 +495,50 @@ class GateCore(CoreSnapshot):
             # from before, granted one slot by it, ran out of memory beside the new ones.
             self._reweigh_line(now_s, self._heavier_before())
         self._apply_limit(now_s)
+
+    def _reshape(self, sample: MemorySample, then: InFlight, sample_now_s: float) -> float:
+        """Where requests came with a cost on one route, the reading may show a part per request beside
+        their units (`CostShape`): the controller hears what a slot holds then (`reshaped`, optional).
+        What those in flight weigh now beyond what they weighed at the reading, where the shape changed
+        with it, else 0."""
+        shape, weights = self.cost_shape, self.route_weights
+        if shape is None or weights is None or not weights.costs_told or len(then.by_route) > 1:
+            return 0.0
+        # The slots in flight as the shape of now weighs them (`in_flight_now`: those from before its last
+        # change at what they are worth now); the requests they took them for may be of an older shape.
+        slots = then.units - then.heavier
+        per_slot_bytes = shape.reading(sample.used_bytes, then.requests, slots, self._others_bytes())
+        if per_slot_bytes is None:
+            return 0.0
+        # Those in flight took the slots of the old shape: what they weigh now beyond them, in sum (affine)
+        counters = self.counters
+        in_flight = counters.admitted - counters.ended
+        held = self.limiter.in_flight - self._heavier_in_flight
+        base, before = shape.again(0.0), self._reshape_excess
+        self._reshaped_serial, self._reshaped_in_flight = counters.admitted, in_flight
+        self._reshape_excess = in_flight * base + (shape.again(1.0) - base) * (held + before) - held
+        reshaped = getattr(self.controller, "reshaped", None)
+        if reshaped is not None:
+            reshaped(per_slot_bytes)
+        # The line weighs what it waits with anew: a request of one unit, weighed as 1 where it now takes
+        # 4, let in four times its share beside the requests of the new shape.
+        for waiter in list(self.limiter.line.joined_before(math.inf)):
+            heavier = waiter.units / waiter.weighed  # what it weighs as one from before a shrink stays
+            waiter.weighed = units_of_cost(min(MAX_COST, shape.again(waiter.weighed)))
+            waiter.units = units_of_cost(min(MAX_COST, waiter.weighed * heavier))
+        self.limiter.reconsider(sample_now_s)
+        return self._reshape_excess - before
+
+    def _left_from_before_reshape(self, ticket: Ticket, now_s: float) -> None:
+        """A request that took the slots of the shape before the last change left: what it weighed
+        beyond them goes with it (all of it with the last one)."""
+        self._reshaped_in_flight -= 1
+        if self._reshaped_in_flight == 0:
+            self._reshape_excess = 0.0
+        elif self.cost_shape is not None:
+            slots = ticket.units - ticket.heavier
+            self._reshape_excess -= self.cost_shape.again(slots) - slots
+        self._apply_limit(now_s)  # what it was worth beyond its slots is free again
 
     def _others_bytes(self) -> float | None:
         """The others' bytes (weights, neighbours) as the controller's memory model holds them, or None."""
@@ -567,6 +636,10 @@ class GateCore(CoreSnapshot):
             if excess > 0.01 * max(1.0, limiter.in_flight):
                 new_limit = max(least, math.floor(new_limit - excess + 0.01))
                 reason = reason or "reweighed"
+        if self._reshape_excess > 0.01 * max(1.0, limiter.in_flight):
+            # Requests admitted before a `cost` last changed shape weigh more now than the slots they took
+            new_limit = max(least, math.floor(new_limit - self._reshape_excess + 0.01))
+            reason = reason or "reweighed"
         if operator is not None and operator.clamp(new_limit) != new_limit:
             new_limit = operator.clamp(new_limit)
             reason = reason or ("operator pin" if operator.pinned else "operator bounds")

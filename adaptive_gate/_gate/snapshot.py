@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._control.control import Controller
+from .._control.cost_shape import CostShape
 from .._control.route_weights import RouteWeights
 from .accounts import ClassCounts
 from .answers import CoreAnswers
@@ -31,6 +32,7 @@ class CoreSnapshot(CoreAnswers):
     unix_offset_s: float
     classes: ClassCounts | None
     route_weights: RouteWeights | None
+    cost_shape: CostShape | None
     too_large_routes: TooLargeRoutes
     detector: OverloadDetector | None
     overload: str
@@ -78,6 +80,7 @@ class CoreSnapshot(CoreAnswers):
             tenants={} if self.classes is None else self.classes.shown_tenants(),
             overload=self._overload_figures(now_s),
             route_weights={} if self.route_weights is None else self.route_weights.weights(),
+            cost_shape=None if self.cost_shape is None else self.cost_shape.shown(),
             too_large_routes=tuple(self.too_large_routes.refused()),
         )
 

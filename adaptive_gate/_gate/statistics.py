@@ -106,6 +106,9 @@ class GateStatistics:
     # What one request of each route weighs in slots, where readings have told routes apart
     # (`_control/route_weights.py`); empty while every request weighs 1.
     route_weights: dict[str, float] = field(default_factory=dict)
+    # Where a `cost` holds a part per request beside its units (`_control/cost_shape.py`): a request told
+    # `cost` weighs `per_request + per_unit * cost` slots. None while a cost is taken in proportion.
+    cost_shape: dict[str, float] | None = None
     # The routes whose last requests were all too large for the card: answered at the door but for one
     # a second (`_gate/too_large.py`).
     too_large_routes: tuple[str, ...] = ()

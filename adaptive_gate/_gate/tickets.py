@@ -37,12 +37,13 @@ def units_of_cost(cost: object) -> float:
 class InFlight(NamedTuple):
     """The requests in flight at one moment: slots taken, requests by route (`RouteWeights`), how many
     were admitted until then (a reading counted a ticket whose `serial` is at most that), and of the slots,
-    what requests weigh beyond their own (`GateCore.granted`)."""
+    what requests weigh beyond their own (`GateCore.granted`), and how many requests hold the slots."""
 
     units: float
     by_route: dict[object, float]
     admitted: int = 0
     heavier: float = 0.0
+    requests: int = 0
 
 
 class Outcome(Enum):

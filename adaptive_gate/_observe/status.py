@@ -40,6 +40,7 @@ def status_document(stats: GateStatistics, *, options: dict[str, Any], version: 
         "priorities": stats.priorities,
         "tenants": stats.tenants,
         "route_weights": stats.route_weights,
+        "cost_shape": stats.cost_shape,
         "too_large_routes": list(stats.too_large_routes),
         "controller": {
             "controller": stats.controller.name,

@@ -232,7 +232,8 @@ class Run:
         nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
         work_s = phase.work_s if isinstance(phase.work_s, int | float) else phase.work_s(self.random)
         route = None if phase.route is None else phase.route(nbytes)
-        requests = 1 if phase.cost is None else units_of_cost(phase.cost(nbytes))  # before its route's weight
+        # What it weighs before its route's weight
+        requests = 1 if phase.cost is None else self.core.shaped(units_of_cost(phase.cost(nbytes)))
         units = self.core.weigh(route, requests)
         request = _Request(next(self.ids), self.now_s, nbytes, work_s, units, route, client, requests=requests)
         self.told("arrive", request.id)
