@@ -27,11 +27,16 @@ __all__ = ["CostShape"]
 # their admission, a reading catches all in flight holding their bytes one time in four or fewer, and only those
 # lie on the line; the fit needs `MIN_KEPT` of them.
 WINDOW_READINGS = 96
-MIN_KEPT = 12
+MIN_KEPT = 8  # readings that differ
+# A fit is tried every this many readings (a fit that sets readings aside takes a millisecond: at a reading
+# every 10 ms, one each time would take a tenth of the event loop)
+FIT_EVERY = 8
 MOVE_TOLERANCE = math.log(1.05)  # the heaviest request against the lightest closer than 5% to before is no change
 MIN_MIX_SPREAD = 0.1  # the units of the mean request in flight must vary by this share, or none can be told apart
+MIN_APART = 3  # readings, at least, whose mean request is that far from the median's
+READING_GRAIN_BYTES = 2**20  # readings closer than this are one (an allocator hands out blocks, not bytes)
 KNOWN_SHARE = 0.1  # how well the fit must tell each of the two apart: their standard errors, as a share of them
-FIT_TOLERANCE = 0.25  # every reading kept within this share of the lightest request's bytes of the line
+FIT_TOLERANCE = 0.1  # every reading kept within this share of the lightest request's bytes of the line
 
 
 class _Reading(NamedTuple):
@@ -51,6 +56,7 @@ class CostShape:
         self._before = (0.0, 1.0)  # the shape before the last change
         self._least, self._most = math.inf, 0.0  # the least and the most cost told (`told`)
         self._recent: deque[_Reading] = deque(maxlen=WINDOW_READINGS)
+        self._untried = 0  # readings since a fit was last tried
 
     def shown(self) -> dict[str, float] | None:
         """For the status: a request told `cost` weighs `per_request + per_unit * cost` slots; None while
@@ -83,8 +89,10 @@ class CostShape:
         if requests <= 0 or others_bytes is None:
             return None  # nothing of ours to weigh, or nothing to tell ours from the others' by
         self._recent.append(_Reading(requests, units, used_bytes, others_bytes))
-        if len(self._recent) < MIN_READINGS:
+        self._untried += 1
+        if len(self._recent) < MIN_READINGS or self._untried < FIT_EVERY:
             return None
+        self._untried = 0
         fitted = self._fit()
         if fitted is None:
             return None
@@ -109,22 +117,26 @@ class CostShape:
         the readings: the bytes per request and per slot, and the mean request's slots. A reading more than
         the tolerance below the line caught requests before they allocated (an input decoded first) or
         after they failed, and is set aside, and the line fitted again to those left, up to the one that
-        every reading of requests that all held their bytes lies on. None where the mean request never
-        varied (one cost, or always the same mix: no part per request can be told from a unit's share), a
-        term is not positive, or no line fits what is left."""
-        recent = list(self._recent)
-        means = [r.units / r.requests for r in recent]
+        every reading of requests that all held their bytes lies on. None where the mean request did not
+        vary in `MIN_APART` of the readings left (one cost, or always the same mix: no part per request can
+        be told from a unit's share), a term is not positive, or no line fits what is left."""
+        # Each reading once: a gate held in one state reads the same at reading after reading, and those add
+        # nothing but weight (at four such points, three of them requests caught before they allocate, a line
+        # through them all weighed a request told 0.8 at 1.1)
+        points = list(
+            dict.fromkeys(
+                (r.requests, r.units, round((r.used_bytes - r.others_bytes) / READING_GRAIN_BYTES))
+                for r in self._recent
+            )
+        )
+        rows = [[n, units] for n, units, _ in points]
+        used = [ours * READING_GRAIN_BYTES for _, _, ours in points]
+        means = [units / n for n, units in rows]
         average = sum(means) / len(means)
-        if max(means) - min(means) < MIN_MIX_SPREAD * average:
-            return None
-        # Against the others' bytes as the memory model holds them: with an intercept of its own, a gate held at
-        # its limit (the units in flight barely vary) trades the others' bytes for a slot's.
-        rows = [[r.requests, r.units] for r in recent]
-        used = [r.used_bytes - r.others_bytes for r in recent]
-        # A quarter of the lightest request's bytes, by the mean request's share of the readings
-        mean_request_bytes = sum(y / r.requests for y, r in zip(used, recent, strict=True)) / len(recent)
+        # A tenth of the lightest request's bytes, by the mean request's share of the readings
+        mean_request_bytes = sum(ours / n for (n, _), ours in zip(rows, used, strict=True)) / len(rows)
         tolerance = FIT_TOLERANCE * mean_request_bytes * min(means) / average
-        while len(rows) >= MIN_KEPT:
+        while len(rows) >= MIN_KEPT and _mix_varies([units / n for n, units in rows]):
             solution = _least_squares(rows, used)
             if solution is None:
                 return None
@@ -136,6 +148,13 @@ class CostShape:
                 return (per_request, per_slot, average) if fits and _known(rows, residuals, solution) else None
             rows, used = [rows[i] for i in kept], [used[i] for i in kept]
         return None
+
+
+def _mix_varies(means: list[float]) -> bool:
+    """Whether the mean request's slots (one value a reading) were more than `MIN_MIX_SPREAD` away from
+    their median at `MIN_APART` readings at least: else the line is fixed by a reading or two."""
+    middle = sorted(means)[len(means) // 2]
+    return sum(abs(m - middle) > MIN_MIX_SPREAD * middle for m in means) >= MIN_APART
 
 
 def _known(rows: list[list[float]], residuals: list[float], solution: list[float]) -> bool:

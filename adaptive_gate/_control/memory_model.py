@@ -468,16 +468,18 @@ class MemoryModel:
         """A `cost` now weighs a part per request beside its units (`CostShape`), and a slot holds
         `per_slot_bytes` by the fit that found it: readings before are in other slots, and the levels
         OOMs barred were another load. Unlike route weights, the cost still tells what a request
-        holds, so a unit is still at least what a reading shows one holding, from now on."""
+        holds, so a unit is still at least what a reading shows one holding (the fit's to begin with)."""
         self._sizes_changed()
         self._recent.clear()
         self._hollow.clear()
         self._size_before = None
-        self._unit_held = None
         self._size_read = self._size_floor = None
         self.ooms.forget()
         self._per_request = max(MIN_REQUEST_FRACTION * self._total_bytes, per_slot_bytes)
         self._spread_sq = 0.0
+        # The most a unit holds, as the fit read it off the readings where every request had allocated: the
+        # readings after it catch some before they allocate, and read alone, the size fell under the fit's.
+        self._unit_held, self._held_top, self._held_readings = self._per_request, 0.0, 0
 
     def _changed(self) -> None:
         """The card changed: no line through readings from before and after. The shares stay."""
