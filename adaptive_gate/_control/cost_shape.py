@@ -130,7 +130,7 @@ class CostShape:
             )
         )
         rows = [[n, units] for n, units, _ in points]
-        used = [ours * READING_GRAIN_BYTES for _, _, ours in points]
+        used = [float(ours * READING_GRAIN_BYTES) for _, _, ours in points]
         means = [units / n for n, units in rows]
         average = sum(means) / len(means)
         # A tenth of the lightest request's bytes, by the mean request's share of the readings
