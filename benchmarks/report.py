@@ -20,7 +20,7 @@ RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
 ORDER = [
     "classic", "neighbour", "neighbour-greedy", "growth", "exact-fit", "jitter", "mixed", "mixed-cost", "mixed-routes",
-    "classic-crash", "no-lifespan", "late-start", "decode-first",
+    "batches", "classic-crash", "no-lifespan", "late-start", "decode-first",
 ]  # fmt: skip
 # What each virtual-time scenario does to the card, in the few words the README's table has room for.
 SHORT = {

@@ -261,6 +261,7 @@ FULL_PLAN: dict[str, list[str]] = {
     "jitter": ["closed-32"],
     "mixed": ["2x"],
     "mixed-cost": ["2x"],
+    "batches": ["2x", "closed-32"],
     "mixed-routes": ["2x"],
     "classic-crash": ["2x"],
     "no-lifespan": ["closed-32"],
