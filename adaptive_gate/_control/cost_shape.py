@@ -19,7 +19,7 @@ import math
 from collections import deque
 from typing import NamedTuple
 
-from .route_weights import MIN_READINGS, _least_squares, _normal, _solve
+from .route_weights import MIN_READINGS, _least_squares, _relative_errors
 
 __all__ = ["CostShape"]
 
@@ -161,11 +161,5 @@ def _known(rows: list[list[float]], residuals: list[float], solution: list[float
     """Whether the fit tells the part per request and a slot's bytes to `KNOWN_SHARE` (their standard
     errors, as a share of them): where the mean request's slots barely vary, any split of its bytes
     between the two fits the readings, and small noise (slots counted in 64ths) picks one."""
-    n, p = len(rows), len(rows[0])
-    variance = sum(r * r for r in residuals) / (n - p)
-    normal = _normal(rows)
-    for i in range(p):
-        column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance
-        if column is None or math.sqrt(variance * max(0.0, column[i])) > KNOWN_SHARE * solution[i]:
-            return False
-    return True
+    errors = _relative_errors(rows, residuals, solution)
+    return errors is not None and max(errors) <= KNOWN_SHARE

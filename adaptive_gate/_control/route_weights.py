@@ -263,15 +263,24 @@ def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | No
     solution = _least_squares(design, used)
     if solution is None or min(solution) <= 0 or n <= p:
         return None
-    variance = sum((y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)) / (n - p)
+    residuals = [y - _dot(x, solution) for x, y in zip(design, used, strict=True)]
+    errors = _relative_errors(design, residuals, solution)
+    return [0.0, *solution] if errors is not None and max(errors) <= NOISY_SHARE else None
+
+
+def _relative_errors(design: list[list[float]], residuals: list[float], solution: list[float]) -> list[float] | None:
+    """Each term's standard error as a share of it, from the fit's `residuals` (more readings than terms,
+    every term positive); None where the columns cannot be told apart."""
+    n, p = len(design), len(design[0])
+    variance = sum(r * r for r in residuals) / (n - p)
     normal = _normal(design)
     errors = []
     for i in range(p):
         column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance
         if column is None:
             return None
-        errors.append(math.sqrt(variance * column[i]) / solution[i])
-    return [0.0, *solution] if max(errors) <= NOISY_SHARE else None
+        errors.append(math.sqrt(variance * max(0.0, column[i])) / solution[i])
+    return errors
 
 
 def _varies(values: list[float]) -> bool:
