@@ -407,6 +407,7 @@ VARIANTS: dict[str, Callable[[], AIMD]] = {
     "growth by spreads only": growth_by_spreads,
     "no fit of readings that stray": AIMD,  # the rule is the core's route weights': taken out by `AROUND`
     "no part per request": AIMD,  # the core's cost shape: taken out by `AROUND`
+    "no line above late readings": AIMD,  # the core's route weights': taken out by `AROUND`
 }
 # What each rule does, by the name of the variant that takes it out (the benchmarks page's table).
 RULES = {
@@ -445,6 +446,8 @@ RULES = {
     "no fit of readings that stray": "routes told nothing are weighed by a fit of the readings less the others' bytes "
     "where no line explains them",
     "no part per request": "a `cost` holds a part per request beside its units where the readings show one",
+    "no line above late readings": "where requests allocate late, routes are weighed (and a `cost` told off their "
+    "bytes corrected) by the line of the readings that caught every request allocated",
 }
 # Draws of `benchmarks.unseen` where a rule shows its need that the plan's scenarios do not: inputs that
 # shrink at the capacity, with a line of the old sizes still waiting; a neighbour that takes the room
@@ -475,11 +478,13 @@ RULES = {
 # inputs that grow threefold, allocating late, whose readings held whole numbers of one size, their shares spread;
 # and a large route told a whole cost under its bytes, allocating late, whose mix an OOM's named size ends; and
 # requests that allocate late, caught short by different numbers after four readings taught their size; and inputs
-# that shrink, allocating late, where an OOM asks for the size from before the shrink the readings passed for.
+# that shrink, allocating late, where an OOM asks for the size from before the shrink the readings passed for; and
+# routes told a cost (whole or not) a third or more above their bytes' ratio, allocating late.
 # Rules that live beside the controller (the core's route weights), taken out around a variant's runs.
 AROUND: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "no fit of readings that stray": lambda: mock.patch.object(route_weights, "NOISY_SHARE", 0.0),
     "no part per request": lambda: mock.patch.object(CostShape, "reading", lambda *args: None),
+    "no line above late readings": lambda: mock.patch.object(route_weights, "_above", lambda *args: None),
 }
 UNSEEN: list[tuple[str, int, str]] = [
     ("neighbours", 40, "1x"),
@@ -516,6 +521,8 @@ UNSEEN: list[tuple[str, int, str]] = [
     ("late", 55, "closed-32"),
     ("late", 29, "closed-32"),
     ("late", 120053, "closed-32"),
+    ("route-costs", 15, "closed-32"),
+    ("whole-costs", 31, "closed-32"),
 ]
 # Beyond what the families draw: a neighbour that takes nearly all the room of a 141 GiB card, where
 # five requests of 2 s fit (those admitted as it comes fail to allocate, and hold nothing for 0.6 s);

@@ -181,32 +181,51 @@ def test_a_neighbour_arriving_inside_the_window_is_no_evidence() -> None:
     assert weights.fits > fitted and weights.weight("/large") / weights.weight("/small") == pytest.approx(4, rel=0.01)
 
 
-def caught_before_they_allocate(weights: RouteWeights, sizes: dict[str, float], *, others: bool) -> None:
+def caught_before_they_allocate(
+    weights: RouteWeights, sizes: dict[str, float], *, others: bool, told: dict[str, float] | None = None
+) -> int:
     """100 readings of up to six requests of each route in flight, each caught before it allocates one
-    time in five (it holds nothing yet): no line explains them. `others`: the others' bytes are known."""
+    time in five (it holds nothing yet): no line explains them. `others`: the others' bytes are known;
+    `told`: each route's cost (1 where not given). How many readings changed the weights."""
     rng = random.Random(3)
+    changes = 0
     for i in range(100):
         held = {route: rng.randint(0, 6) for route in sizes}
         allocated = {route: sum(rng.random() < 0.8 for _ in range(n)) for route, n in held.items()}
         used = BASELINE + sum(sizes[route] * n for route, n in allocated.items())
-        units = {route: n * weights.weight(route) for route, n in held.items()}
-        weights.observe(used, units, BASELINE if others else None, now_s=i * 0.1)
+        units = {route: n * (told or {}).get(route, 1.0) * weights.weight(route) for route, n in held.items()}
+        changes += weights.observe(used, units, BASELINE if others else None, now_s=i * 0.1)
+    return changes
 
 
-def test_routes_told_nothing_whose_requests_allocate_late_are_weighed_once_from_the_readings_less_the_others() -> None:
-    """No line explains readings that catch requests before they allocate, and counted as one, a mix
-    of routes ran out of memory five times a second. The readings less the others' bytes tell each
-    route's bytes to a fifth: they weigh the routes, once (a fit of such readings is biased: it would
-    flip the weights back and forth), and only where no request came with a cost (a cost told is closer)."""
+def test_routes_whose_requests_allocate_late_are_weighed_by_the_readings_that_caught_them_all_allocated() -> None:
+    """No line explains readings that catch requests before they allocate, and counted as one, a mix of
+    routes ran out of memory five times a second. Those readings lie below the line of the routes' bytes;
+    the readings on it, less the others' bytes, weigh the routes exactly, once, whether a cost came or not
+    (a fit of all the readings is biased, and would flip the weights back and forth). Without the others'
+    bytes nothing tells our bytes: no weight."""
     sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
     told_nothing, blind, costed = RouteWeights(), RouteWeights(), RouteWeights()
     costed.costs_told = True
-    caught_before_they_allocate(told_nothing, sizes, others=True)
-    caught_before_they_allocate(blind, sizes, others=False)
-    caught_before_they_allocate(costed, sizes, others=True)
-    assert told_nothing.fits == 1
-    assert 3.2 < told_nothing.weight("/large") / told_nothing.weight("/small") < 5
-    assert blind.fits == costed.fits == 0 and blind.by_route == costed.by_route == {}
+    assert caught_before_they_allocate(told_nothing, sizes, others=True) == 1  # refined since, never moved
+    assert caught_before_they_allocate(costed, sizes, others=True) == 1
+    assert caught_before_they_allocate(blind, sizes, others=False) == 0 and blind.by_route == {}
+    for weights in (told_nothing, costed):
+        assert weights.weight("/large") / weights.weight("/small") == pytest.approx(4.0, rel=1e-3)
+        assert weights.fits > 1
+
+
+def test_a_cost_told_off_the_bytes_ratio_is_corrected_by_the_readings_that_caught_every_request_allocated() -> None:
+    """The large route told a cost of 6 where its requests hold 4 small ones' bytes, each caught before it
+    allocates one time in five: a slot of the large route is worth two thirds of a small request's. Counted
+    as told, the large route ran two thirds of the large requests that fit beside the small ones."""
+    weights = RouteWeights()
+    weights.costs_told = True
+    sizes = {"/small": 1.5 * GiB, "/large": 6 * GiB}
+    assert caught_before_they_allocate(weights, sizes, others=True, told={"/large": 6.0}) == 1
+    # A large request weighs 6 units of its route's weight, and holds 4 small requests' bytes
+    large, small = 6 * weights.weight("/large"), weights.weight("/small")
+    assert large / small == pytest.approx(4.0, rel=1e-3)
 
 
 def test_the_core_tells_its_route_weights_and_its_controller_whether_a_cost_came() -> None:

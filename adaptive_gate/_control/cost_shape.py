@@ -19,23 +19,21 @@ import math
 from collections import deque
 from typing import NamedTuple
 
-from .route_weights import MIN_READINGS, _least_squares, _relative_errors
+from .least_squares import READING_GRAIN_BYTES, fit_above
+from .route_weights import MIN_READINGS
 
 __all__ = ["CostShape"]
 
 # Readings a fit looks back over: about 10 s at the default sample period. Where requests allocate a while after
 # their admission, a reading catches all in flight holding their bytes one time in four or fewer, and only those
-# lie on the line; the fit needs `MIN_KEPT` of them.
+# lie on the line; the fit needs `least_squares.MIN_KEPT` of them.
 WINDOW_READINGS = 96
-MIN_KEPT = 8  # readings that differ
 # A fit is tried every this many readings (a fit that sets readings aside takes a millisecond: at a reading
 # every 10 ms, one each time would take a tenth of the event loop)
 FIT_EVERY = 8
 MOVE_TOLERANCE = math.log(1.05)  # the heaviest request against the lightest closer than 5% to before is no change
 MIN_MIX_SPREAD = 0.1  # the units of the mean request in flight must vary by this share, or none can be told apart
 MIN_APART = 3  # readings, at least, whose mean request is that far from the median's
-READING_GRAIN_BYTES = 2**20  # readings closer than this are one (an allocator hands out blocks, not bytes)
-KNOWN_SHARE = 0.1  # how well the fit must tell each of the two apart: their standard errors, as a share of them
 FIT_TOLERANCE = 0.1  # every reading kept within this share of the lightest request's bytes of the line
 
 
@@ -113,16 +111,12 @@ class CostShape:
         return per_slot / squeeze
 
     def _fit(self) -> tuple[float, float, float] | None:
-        """`used = others + per_request * requests + per_slot * units` over the window, where it explains
-        the readings: the bytes per request and per slot, and the mean request's slots. A reading more than
-        the tolerance below the line caught requests before they allocated (an input decoded first) or
-        after they failed, and is set aside, and the line fitted again to those left, up to the one that
-        every reading of requests that all held their bytes lies on. None where the mean request did not
-        vary in `MIN_APART` of the readings left (one cost, or always the same mix: no part per request can
-        be told from a unit's share), a term is not positive, or no line fits what is left."""
-        # Each reading once: a gate held in one state reads the same at reading after reading, and those add
-        # nothing but weight (at four such points, three of them requests caught before they allocate, a line
-        # through them all weighed a request told 0.8 at 1.1)
+        """`used = others + per_request * requests + per_slot * units` over the window, fitted to the readings
+        on and above the line (`fit_above`: one below it caught requests before they allocated, or after they
+        failed): the bytes per request and per slot, and the mean request's slots. None where the mean
+        request did not vary in `MIN_APART` of the readings left (one cost, or always the same mix: no part
+        per request can be told from a unit's share, and small noise, slots counted in 64ths, picks a split),
+        or no line explains them."""
         points = list(
             dict.fromkeys(
                 (r.requests, r.units, round((r.used_bytes - r.others_bytes) / READING_GRAIN_BYTES))
@@ -136,18 +130,10 @@ class CostShape:
         # A tenth of the lightest request's bytes, by the mean request's share of the readings
         mean_request_bytes = sum(ours / n for (n, _), ours in zip(rows, used, strict=True)) / len(rows)
         tolerance = FIT_TOLERANCE * mean_request_bytes * min(means) / average
-        while len(rows) >= MIN_KEPT and _mix_varies([units / n for n, units in rows]):
-            solution = _least_squares(rows, used)
-            if solution is None:
-                return None
-            residuals = [y - x[0] * solution[0] - x[1] * solution[1] for x, y in zip(rows, used, strict=True)]
-            kept = [i for i, r in enumerate(residuals) if r >= -tolerance]
-            if len(kept) == len(rows):
-                per_request, per_slot = solution
-                fits = max(residuals) <= tolerance and per_request > 0 and per_slot > 0
-                return (per_request, per_slot, average) if fits and _known(rows, residuals, solution) else None
-            rows, used = [rows[i] for i in kept], [used[i] for i in kept]
-        return None
+        solution = fit_above(
+            rows, used, lambda _: tolerance, lambda kept: _mix_varies([units / n for n, units in kept])
+        )
+        return None if solution is None else (solution[0], solution[1], average)
 
 
 def _mix_varies(means: list[float]) -> bool:
@@ -155,11 +141,3 @@ def _mix_varies(means: list[float]) -> bool:
     their median at `MIN_APART` readings at least: else the line is fixed by a reading or two."""
     middle = sorted(means)[len(means) // 2]
     return sum(abs(m - middle) > MIN_MIX_SPREAD * middle for m in means) >= MIN_APART
-
-
-def _known(rows: list[list[float]], residuals: list[float], solution: list[float]) -> bool:
-    """Whether the fit tells the part per request and a slot's bytes to `KNOWN_SHARE` (their standard
-    errors, as a share of them): where the mean request's slots barely vary, any split of its bytes
-    between the two fits the readings, and small noise (slots counted in 64ths) picks one."""
-    errors = _relative_errors(rows, residuals, solution)
-    return errors is not None and max(errors) <= KNOWN_SHARE

@@ -22,6 +22,8 @@ import math
 from collections import Counter, deque
 from typing import NamedTuple
 
+from .least_squares import dot, fit_above, least_squares, relative_errors
+
 __all__ = ["MAX_ROUTES", "RouteWeights"]
 
 MAX_ROUTES = 8  # routes told apart; the rest share one column, weighing 1 (bounded, whatever the app has)
@@ -32,6 +34,7 @@ MIN_SPAN_S = 1.5  # or half as many, where they span this long (readings further
 WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
+ABOVE_TOLERANCE = 0.1  # readings on a line of bytes per route, within this share of the lightest route's request
 NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
 # A route's requests varied on their own where they did at this many runs of readings of the window at least,
 # however seldom that is among the rest (a large route among many small requests, whose requests fill most of the
@@ -190,14 +193,22 @@ class RouteWeights:
             design = [[0.0, *x[1:]] for x in design]
             used = [y - o for y, o in zip(used, others, strict=True)]
         solution = _trimmed_fit(design, used, [weight_of.get(c, 1.0) for c in columns], intercept=intercept)
-        if solution is None and len(others) == len(rows) and not self.by_route and not self.costs_told:
-            # No line explains the readings; where no request came with a cost and no route is weighed
-            # yet, a fit of the readings less the others' bytes beats counting each request as one. Not to
-            # correct weights (the fit of readings that stray is biased: requests caught before they
-            # allocate are not in proportion to those in flight) nor a `cost`: a ratio told exactly,
-            # allocating late, moved to three fifths of it and cost tens of OOMs a minute.
+        if solution is None and len(others) == len(rows):
+            # No line explains them all: requests caught before they allocated (an input decoded first) lie
+            # below it. The line of the readings on and above it tells each route's bytes where those are
+            # enough; it corrects a `cost` told off the bytes' ratio (a large route told 1.5 times its
+            # bytes ran two thirds of the large requests that fit beside the small ones).
             ours = [y - o for (_, y), o in zip(rows, others, strict=True)]
-            solution = _noisy_fit([x[1:] for x in design], ours)
+            slots = [x[1:] for x in design]
+            weights = [weight_of.get(c, 1.0) for c in columns]
+            solution = _above(slots, ours, weights)
+            if solution is None and not self.by_route and not self.costs_told:
+                # Where no request came with a cost and no route is weighed yet, a fit of all the readings
+                # less the others' bytes beats counting each request as one. Not to correct weights (the fit
+                # of readings that stray is biased: requests caught before they allocate are not in
+                # proportion to those in flight) nor a `cost`: a ratio told exactly, allocating late, moved
+                # to three fifths of it and cost tens of OOMs a minute.
+                solution = _noisy_fit(slots, ours)
         if solution is None:
             return False
         bytes_per_unit = solution[1:]
@@ -237,12 +248,12 @@ def _trimmed_fit(
     than their slots say). `weights`: each column's weight. Without `intercept`, the design's first
     column is zeros and the solution's first term 0."""
     for attempt in range(2):
-        solution = _least_squares(design if intercept else [x[1:] for x in design], used)
+        solution = least_squares(design if intercept else [x[1:] for x in design], used)
         if solution is not None and not intercept:
             solution = [0.0, *solution]
         if solution is None or min(solution[1:]) <= 0:
             return None
-        errors = [(y - _dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]
+        errors = [(y - dot(x, solution)) ** 2 for x, y in zip(design, used, strict=True)]
         # A quarter of the lightest route's bytes per request, not per slot (a light route's slot is tiny).
         tolerance_sq = (0.25 * min(b * w for b, w in zip(solution[1:], weights, strict=True))) ** 2
         if sum(errors) / len(errors) <= tolerance_sq:
@@ -256,31 +267,31 @@ def _trimmed_fit(
     return None
 
 
+def _above(slots: list[list[float]], ours: list[float], weights: list[float]) -> list[float] | None:
+    """`fit_above` of our bytes against the slots of each route (`weights`: each column's weight), where
+    every route's requests varied among the readings left, with a tenth of the lightest route's bytes
+    per request as the tolerance; with a leading 0, as `_trimmed_fit`'s solution."""
+
+    def tolerance(solution: list[float]) -> float:
+        return ABOVE_TOLERANCE * min(b * w for b, w in zip(solution, weights, strict=True))
+
+    def varies(kept: list[list[float]]) -> bool:
+        return all(_route_varies([row[c] / w for row in kept]) for c, w in enumerate(weights))
+
+    solution = fit_above(slots, ours, tolerance, varies)
+    return None if solution is None else [0.0, *solution]
+
+
 def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | None:
     """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s), where every
     route's bytes are positive and known to `NOISY_SHARE` (their standard error, as a share of them)."""
     n, p = len(design), len(design[0])
-    solution = _least_squares(design, used)
+    solution = least_squares(design, used)
     if solution is None or min(solution) <= 0 or n <= p:
         return None
-    residuals = [y - _dot(x, solution) for x, y in zip(design, used, strict=True)]
-    errors = _relative_errors(design, residuals, solution)
+    residuals = [y - dot(x, solution) for x, y in zip(design, used, strict=True)]
+    errors = relative_errors(design, residuals, solution)
     return [0.0, *solution] if errors is not None and max(errors) <= NOISY_SHARE else None
-
-
-def _relative_errors(design: list[list[float]], residuals: list[float], solution: list[float]) -> list[float] | None:
-    """Each term's standard error as a share of it, from the fit's `residuals` (more readings than terms,
-    every term positive); None where the columns cannot be told apart."""
-    n, p = len(design), len(design[0])
-    variance = sum(r * r for r in residuals) / (n - p)
-    normal = _normal(design)
-    errors = []
-    for i in range(p):
-        column = _solve(normal, [float(i == j) for j in range(p)])  # of the inverse: the solution's covariance
-        if column is None:
-            return None
-        errors.append(math.sqrt(variance * max(0.0, column[i])) / solution[i])
-    return errors
 
 
 def _varies(values: list[float]) -> bool:
@@ -296,39 +307,3 @@ def _route_varies(values: list[float]) -> bool:
     most = Counter(values).most_common(1)[0][0]
     apart = [abs(v - most) >= 0.5 for v in values]
     return sum(a and not (i and apart[i - 1]) for i, a in enumerate(apart)) >= MIN_APART
-
-
-def _dot(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
-
-
-def _least_squares(design: list[list[float]], y: list[float]) -> list[float] | None:
-    """Solve the normal equations; None when the columns are (nearly) dependent: two routes always
-    in flight together cannot be told apart."""
-    return _solve(_normal(design), [_dot([row[i] for row in design], y) for i in range(len(design[0]))])
-
-
-def _normal(design: list[list[float]]) -> list[list[float]]:
-    columns = [[row[i] for row in design] for i in range(len(design[0]))]
-    return [[_dot(a, b) for b in columns] for a in columns]
-
-
-def _solve(normal: list[list[float]], b: list[float]) -> list[float] | None:
-    """`normal` x = `b` by Gaussian elimination with partial pivoting (on copies); None where singular."""
-    n = len(b)
-    a, b = [row[:] for row in normal], b[:]
-    scale = max(abs(a[i][i]) for i in range(n))
-    for k in range(n):
-        pivot = max(range(k, n), key=lambda i: abs(a[i][k]))
-        if abs(a[pivot][k]) <= 1e-9 * scale:
-            return None
-        a[k], a[pivot], b[k], b[pivot] = a[pivot], a[k], b[pivot], b[k]
-        for i in range(k + 1, n):
-            factor = a[i][k] / a[k][k]
-            for j in range(k, n):
-                a[i][j] -= factor * a[k][j]
-            b[i] -= factor * b[k]
-    solution = [0.0] * n
-    for k in reversed(range(n)):
-        solution[k] = (b[k] - sum(a[k][j] * solution[j] for j in range(k + 1, n))) / a[k][k]
-    return solution if all(math.isfinite(v) for v in solution) else None
