@@ -250,6 +250,16 @@ def test_routes_told_a_cost_in_the_ratio_of_their_bytes_keep_to_the_fit_however_
     keeps_to_the_fit_once_told(scenario)
 
 
+def test_a_route_told_a_cost_half_again_its_bytes_is_corrected_by_the_readings_that_caught_all_allocated() -> None:
+    """An unseen draw: a mix of routes on a 24 GiB card where about eight fit, the large route told a cost 1.5
+    times the ratio of its bytes, each request allocating up to 0.025 s after its admission. No line explains
+    the readings, and taken as told, the large route's requests weighed half again their bytes: 0.79 of the
+    reader with 32 clients. The readings that caught every request allocated weigh it as it holds."""
+    scenario = of_family(15, "route-costs")
+    assert scenario.name == "mix-routes-cost-15" and "told a cost 1.50 times" in scenario.description
+    weighs_its_routes_beside_the_reader(scenario, "closed-32")
+
+
 def test_routes_told_nothing_are_weighed_however_late_they_allocate() -> None:
     """An unseen draw: a mix of routes on a 48 GiB card, the large route's requests three times the small
     ones', about fourteen fit, each allocating up to 0.05 s after its admission. No line explains such
