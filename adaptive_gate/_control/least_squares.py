@@ -45,7 +45,7 @@ def fit_above(
             return None
         allowed = tolerance(solution)
         if allowed <= 0:
-            return None  # a term not positive: no request holds nothing
+            return None  # a term not positive: every request holds some bytes, so no line of them
         residuals = [y - dot(x, solution) for x, y in zip(kept_rows, kept_used, strict=True)]
         on_or_above = [i for i, r in enumerate(residuals) if r >= -allowed]
         if len(on_or_above) == len(kept_rows):

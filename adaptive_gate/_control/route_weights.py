@@ -8,12 +8,15 @@ A route's weight is its bytes over the mean request's (the traffic's at the firs
 keep that scale): the limit keeps counting typical requests, and a request takes as many of them
 as it holds memory. Arithmetic on observations: the simulator replays it exactly.
 
-Where requests allocate a while after their admission (an input decoded first), readings stray from
-any line by the requests caught before they allocate, and no fit explains them. Where no request
-came with a `cost`, the routes then get their first weights from a fit of the readings less the
-others' bytes that tells each route's bytes to a fifth (`NOISY_SHARE`; the readings share requests
-in flight, so the bar is looser than it says): counted as one, a mix of routes whose large requests
-hold three times the small ones' ran out of memory five times a second.
+Where requests allocate a while after their admission (an input decoded first), readings stray below
+the line by the requests caught before they allocate, and no fit explains them all. The line of the
+readings less the others' bytes that lie on and above it (`least_squares.fit_above`) tells each
+route's bytes where enough readings caught every request allocated, and corrects a `cost` told off
+their ratio. Where too few did and no request came with a `cost`, the routes get their first weights
+from a fit of all the readings less the others' bytes that tells each route's bytes to a fifth
+(`NOISY_SHARE`; the readings share requests in flight, so the bar is looser than it says): counted
+as one, a mix of routes whose large requests hold three times the small ones' ran out of memory five
+times a second.
 """
 
 from __future__ import annotations
