@@ -82,3 +82,15 @@ def test_a_line_found_is_the_bytes_of_the_requests_that_held_them(
         assert solution == pytest.approx(list(truth), rel=0.02)
     if allocated_share == 1.0:
         assert solution is not None
+
+
+def test_no_more_readings_than_routes_tell_no_line_and_raise_nothing() -> None:
+    """Eight routes and eight distinct readings on their line: a line fits them exactly whatever their noise,
+    and no term's error can be told (it divides by the readings beyond the terms: none)."""
+    truth = [float(c + 1) * GiB for c in range(8)]
+    rows = [[float(r == c) + 1.0 for c in range(8)] for r in range(8)]
+    used = [sum(b * n for b, n in zip(truth, row, strict=True)) for row in rows]
+    assert fit_above(rows, used, tenth_of_lightest, lambda _: True) is None
+    rows.append([2.0] * 8)
+    used.append(sum(2.0 * b for b in truth))
+    assert fit_above(rows, used, tenth_of_lightest, lambda _: True) == pytest.approx(truth)  # one more: the line

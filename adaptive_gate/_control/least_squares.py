@@ -39,7 +39,9 @@ def fit_above(
     points = list(dict.fromkeys((tuple(row), round(y / READING_GRAIN_BYTES)) for row, y in readings))
     kept_rows = [list(row) for row, _ in points]
     kept_used = [float(grains * READING_GRAIN_BYTES) for _, grains in points]
-    while len(kept_rows) >= MIN_KEPT and varies(kept_rows):
+    # More readings than terms, at least: as many fit a line exactly, whatever their noise
+    fewest = max(MIN_KEPT, len(kept_rows[0]) + 1) if kept_rows else MIN_KEPT
+    while len(kept_rows) >= fewest and varies(kept_rows):
         solution = least_squares(kept_rows, kept_used)
         if solution is None:
             return None
@@ -60,8 +62,10 @@ def fit_above(
 
 def relative_errors(design: list[list[float]], residuals: list[float], solution: list[float]) -> list[float] | None:
     """Each term's standard error as a share of it, from the fit's `residuals` (more readings than terms,
-    every term positive); None where the columns cannot be told apart."""
+    every term positive); None where the columns cannot be told apart, or there are no more readings than terms."""
     n, p = len(design), len(design[0])
+    if n <= p:
+        return None
     variance = sum(r * r for r in residuals) / (n - p)
     normal = _normal(design)
     errors = []
