@@ -19,7 +19,7 @@ import math
 from collections import deque
 from typing import NamedTuple
 
-from .least_squares import READING_GRAIN_BYTES, fit_above
+from .least_squares import LINE_TOLERANCE, distinct, fit_above
 from .route_weights import MIN_READINGS
 
 __all__ = ["CostShape"]
@@ -34,7 +34,6 @@ FIT_EVERY = 8
 MOVE_TOLERANCE = math.log(1.05)  # the heaviest request against the lightest closer than 5% to before is no change
 MIN_MIX_SPREAD = 0.1  # the units of the mean request in flight must vary by this share, or none can be told apart
 MIN_APART = 3  # readings, at least, whose mean request is that far from the median's
-FIT_TOLERANCE = 0.1  # every reading kept within this share of the lightest request's bytes of the line
 
 
 class _Reading(NamedTuple):
@@ -117,19 +116,14 @@ class CostShape:
         request did not vary in `MIN_APART` of the readings left (one cost, or always the same mix: no part
         per request can be told from a unit's share, and small noise, slots counted in 64ths, picks a split),
         or no line explains them."""
-        points = list(
-            dict.fromkeys(
-                (r.requests, r.units, round((r.used_bytes - r.others_bytes) / READING_GRAIN_BYTES))
-                for r in self._recent
-            )
+        rows, used = distinct(
+            [[r.requests, r.units] for r in self._recent], [r.used_bytes - r.others_bytes for r in self._recent]
         )
-        rows = [[n, units] for n, units, _ in points]
-        used = [float(ours * READING_GRAIN_BYTES) for _, _, ours in points]
         means = [units / n for n, units in rows]
         average = sum(means) / len(means)
         # A tenth of the lightest request's bytes, by the mean request's share of the readings
         mean_request_bytes = sum(ours / n for (n, _), ours in zip(rows, used, strict=True)) / len(rows)
-        tolerance = FIT_TOLERANCE * mean_request_bytes * min(means) / average
+        tolerance = LINE_TOLERANCE * mean_request_bytes * min(means) / average
         solution = fit_above(
             rows, used, lambda _: tolerance, lambda kept: _mix_varies([units / n for n, units in kept])
         )

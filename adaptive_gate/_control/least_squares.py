@@ -15,33 +15,38 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["dot", "fit_above", "least_squares", "relative_errors"]
+__all__ = ["LINE_TOLERANCE", "READING_GRAIN_BYTES", "distinct", "dot", "fit_above", "least_squares", "relative_errors"]
 
 MIN_KEPT = 8  # readings that differ, left on the line, before a line is believed
 KNOWN_SHARE = 0.1  # how well the readings left must tell each term: its standard error, as a share of it
-READING_GRAIN_BYTES = 2**20  # readings closer than this are one (an allocator hands out blocks, not bytes)
+LINE_TOLERANCE = 0.1  # a reading within this share of the lightest request's bytes of the line lies on it
+# Readings closer than this are one: float arithmetic on byte counts strays by fractions of a byte, and
+# an allocator hands out blocks, not bytes (a model read exactly at a reading must not read a fall there).
+READING_GRAIN_BYTES = 2**20
+
+
+def distinct(rows: Sequence[Sequence[float]], used_bytes: Sequence[float]) -> tuple[list[list[float]], list[float]]:
+    """Each reading once, in the order they came, its bytes to `READING_GRAIN_BYTES`: a gate held in one state
+    reads the same again and again, and those add only weight to a fit (at four such points, three of them
+    requests caught before they allocated, a line through them all weighed a request told 0.8 at 1.1)."""
+    readings = zip(rows, used_bytes, strict=True)
+    points = list(dict.fromkeys((tuple(row), round(y / READING_GRAIN_BYTES)) for row, y in readings))
+    return [list(row) for row, _ in points], [float(grains * READING_GRAIN_BYTES) for _, grains in points]
 
 
 def fit_above(
-    rows: Sequence[Sequence[float]],
-    used_bytes: Sequence[float],
+    rows: list[list[float]],
+    used_bytes: list[float],
     tolerance: Callable[[list[float]], float],
     varies: Callable[[list[list[float]]], bool],
 ) -> list[float] | None:
-    """The least-squares solution of `used_bytes ~ rows` (no intercept) fitted to the readings that lie
-    no further than `tolerance(solution)` below it, where every one of those lies within that of it, each
-    term is positive and known to `KNOWN_SHARE`, and `varies(rows left)` holds (the columns varied
-    enough to be told apart) for `MIN_KEPT` distinct readings at least. Each distinct reading counts
-    once: a gate held in one state reads the same again and again, and those add only weight (at four
-    such points, three of them requests caught before they allocated, a line through them all weighed a
-    request told 0.8 at 1.1). None where no line explains the readings so."""
-    readings = zip(rows, used_bytes, strict=True)
-    points = list(dict.fromkeys((tuple(row), round(y / READING_GRAIN_BYTES)) for row, y in readings))
-    kept_rows = [list(row) for row, _ in points]
-    kept_used = [float(grains * READING_GRAIN_BYTES) for _, grains in points]
-    # More readings than terms, at least: as many fit a line exactly, whatever their noise
-    fewest = max(MIN_KEPT, len(kept_rows[0]) + 1) if kept_rows else MIN_KEPT
-    while len(kept_rows) >= fewest and varies(kept_rows):
+    """The least-squares solution of `used_bytes ~ rows` (no intercept; each reading once: `distinct`) fitted
+    to the readings that lie no further than `tolerance(solution)` below it, where every one of those lies
+    within that of it, each term is positive and known to `KNOWN_SHARE`, and `varies(rows left)` holds (the
+    columns varied enough to be told apart) for `MIN_KEPT` readings at least. None where no line explains
+    the readings so."""
+    kept_rows, kept_used = rows, used_bytes
+    while len(kept_rows) >= MIN_KEPT and varies(kept_rows):
         solution = least_squares(kept_rows, kept_used)
         if solution is None:
             return None

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._checks import check_fraction
+from .least_squares import READING_GRAIN_BYTES
 from .oom_states import FIT_SLACK, OomStates
 
 __all__ = ["BLIND_GROWTH_AFTER_SAMPLES", "MemoryEstimate", "MemoryModel", "OomStates"]
@@ -43,9 +44,6 @@ SHRINK_READINGS = 8
 SERVICE_SHARE = 0.1  # how far one request's service time moves their mean
 MIN_MOVES = 8  # readings whose moves must be known before their median says how far a mix moves
 NOISE_SPREADS = 2.0  # how far (in spreads of the sum of n requests) a reading may stray from the model
-# Readings closer than this are one: float arithmetic on byte counts strays by fractions of a byte, and
-# an allocator hands out blocks, not bytes (a model read exactly at a reading must not read a fall there).
-READING_GRAIN_BYTES = 2**20
 WINDOW_READINGS = 32  # readings a fit, or the requests' spread, look back over (3.2 s)
 MAX_NAMED = 64  # OOMs' named sizes kept for `_whole_of_a_named_size` (the latest, where more came within the window)
 # How far one reading moves the requests' mean: up twice as fast as down, as readings below are as

@@ -25,7 +25,7 @@ import math
 from collections import Counter, deque
 from typing import NamedTuple
 
-from .least_squares import dot, fit_above, least_squares, relative_errors
+from .least_squares import LINE_TOLERANCE, distinct, dot, fit_above, least_squares, relative_errors
 
 __all__ = ["MAX_ROUTES", "RouteWeights"]
 
@@ -37,7 +37,6 @@ MIN_SPAN_S = 1.5  # or half as many, where they span this long (readings further
 WEIGHT_RANGE = (1 / 16, 16.0)  # no route weighs less than a 16th of the mean request, nor 16 times it
 RATIO_TOLERANCE = math.log(1.05)  # routes' weights against each other: closer than 5% is no change
 SHARE_DECAY = 0.98  # per reading: the mix of requests that defines "the mean request" follows traffic
-ABOVE_TOLERANCE = 0.1  # readings on a line of bytes per route, within this share of the lightest route's request
 NOISY_SHARE = 0.2  # a fit of readings that stray stands where each route's bytes are known to this share
 # A route's requests varied on their own where they did at this many runs of readings of the window at least,
 # however seldom that is among the rest (a large route among many small requests, whose requests fill most of the
@@ -276,21 +275,20 @@ def _above(slots: list[list[float]], ours: list[float], weights: list[float]) ->
     per request as the tolerance; with a leading 0, as `_trimmed_fit`'s solution."""
 
     def tolerance(solution: list[float]) -> float:
-        return ABOVE_TOLERANCE * min(b * w for b, w in zip(solution, weights, strict=True))
+        return LINE_TOLERANCE * min(b * w for b, w in zip(solution, weights, strict=True))
 
     def varies(kept: list[list[float]]) -> bool:
         return all(_route_varies([row[c] / w for row in kept]) for c, w in enumerate(weights))
 
-    solution = fit_above(slots, ours, tolerance, varies)
+    solution = fit_above(*distinct(slots, ours), tolerance, varies)
     return None if solution is None else [0.0, *solution]
 
 
 def _noisy_fit(design: list[list[float]], used: list[float]) -> list[float] | None:
     """The least-squares solution without intercept (a leading 0, as `_trimmed_fit`'s), where every
     route's bytes are positive and known to `NOISY_SHARE` (their standard error, as a share of them)."""
-    n, p = len(design), len(design[0])
     solution = least_squares(design, used)
-    if solution is None or min(solution) <= 0 or n <= p:
+    if solution is None or min(solution) <= 0:
         return None
     residuals = [y - dot(x, solution) for x, y in zip(design, used, strict=True)]
     errors = relative_errors(design, residuals, solution)
