@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from adaptive_gate import AdaptiveGate, Fixed, MemorySample
 from adaptive_gate.diagnostics import CODES, Diagnostics
+from adaptive_gate.testing import SimulatedGPU
 
 from .helpers import client_for, find_gate, parse, wait_until
 
@@ -179,6 +180,42 @@ def test_a_pinned_limit_is_never_stuck() -> None:
     assert active(diagnostics) == set()
 
 
+def test_a_limit_held_at_the_maximum_beside_room_for_more_is_said() -> None:
+    diagnostics = Diagnostics()
+    capped = {"limit": 64, "min_limit": 1, "max_limit": 64, "probe_errors_in_row": 0}
+    for t in range(0, 59):
+        diagnostics.on_tick(float(t), queued=3, room=256.0, **capped)
+    diagnostics.on_tick(59.5, queued=0, room=256.0, **capped)  # a lull does not reset it, nor raise it
+    assert active(diagnostics) == set()
+    diagnostics.on_tick(60.0, queued=2, room=256.9, **capped)
+    assert active(diagnostics) == {"limit_at_maximum"}
+    said = finding(diagnostics, "limit_at_maximum")
+    assert "max_limit=64 for 60 s" in str(said["message"]) and "room for 256 slots" in str(said["message"])
+    assert "raise max_limit" in str(said["advice"])
+    diagnostics.on_tick(61.0, queued=2, room=64.5, **capped)  # no room for a slot more: the limit is the card's
+    assert active(diagnostics) == set()
+
+
+@pytest.mark.parametrize(
+    ("limit", "min_limit", "room"),
+    [
+        (63, 1, 256.0),  # below the maximum: the controller holds it there, not max_limit
+        (64, 64, 256.0),  # pinned: the operator's choice
+        (64, 1, None),  # no model of the card's memory (a `Fixed`, no probe): nothing to compare with
+        (64, 1, 64.9),  # room for less than a slot more
+    ],
+)
+def test_a_limit_at_the_maximum_is_not_said_where_nothing_is_held_back(
+    limit: int, min_limit: int, room: float | None
+) -> None:
+    diagnostics = Diagnostics(stuck_for_s=1)
+    for t in range(0, 10):
+        diagnostics.on_tick(
+            float(t), limit=limit, min_limit=min_limit, max_limit=64, queued=5, probe_errors_in_row=0, room=room
+        )
+    assert active(diagnostics) == set()
+
+
 def test_a_probe_that_keeps_failing_is_said_and_clears() -> None:
     diagnostics = Diagnostics()
     ok = {"limit": 2, "min_limit": 1, "max_limit": 8, "queued": 0}
@@ -260,6 +297,44 @@ async def test_the_gate_sees_other_processes_on_its_card(caplog: pytest.LogCaptu
     assert [f["code"] for f in status["findings"]] == ["shared_gpu"]
     assert status["memory"]["process_count"] == 3
     assert len([r for r in caplog.records if "shared_gpu" in r.getMessage()]) == 1
+
+
+@pytest.mark.anyio
+async def test_the_gate_says_when_max_limit_holds_it_below_what_the_card_fits() -> None:
+    gpu = SimulatedGPU(24 * GiB, baseline_bytes=8 * GiB)
+    app = FastAPI()
+    app.add_middleware(AdaptiveGate, probe=gpu, sample_period=0.01, max_limit=2, diagnostics=Diagnostics(stuck_for_s=0))
+
+    @app.post("/infer", tags=["gpu"])
+    def infer() -> dict[str, bool]:
+        with gpu.holding(GiB, 0.02):  # sixteen fit beside the weights
+            return {"ok": True}
+
+    async with LifespanManager(app) as manager, client_for(manager.app) as client:
+        gate = find_gate(app)
+        codes: list[str] = []
+
+        async def clients() -> None:
+            async def one() -> None:
+                while not codes:
+                    await client.post("/infer")
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(one)
+
+        async def watch() -> None:
+            while not codes:
+                status = (await client.get("/gate/status")).json()
+                codes.extend(f["code"] for f in status["findings"] if f["active"])
+                await anyio.sleep(0.05)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(clients)
+                tg.start_soon(watch)
+        assert gate.statistics().limit == 2
+    assert codes == ["limit_at_maximum"]
 
 
 class Rising(Fixed):

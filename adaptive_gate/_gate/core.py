@@ -540,6 +540,12 @@ class GateCore(CoreSnapshot):
             self._reshape_excess -= self.cost_shape.again(slots) - slots
         self._apply_limit(now_s)  # what it was worth beyond its slots is free again
 
+    def room(self) -> float | None:
+        """The slots the card has room for under its target by the controller's model of its memory, or None
+        where the controller has no such model or it knows no request's bytes yet (for the diagnostics)."""
+        room = getattr(getattr(self.controller, "memory", None), "room", None)
+        return None if room is None else room()
+
     def _others_bytes(self) -> float | None:
         """The others' bytes (weights, neighbours) as the controller's memory model holds them, or None."""
         estimate = getattr(getattr(self.controller, "memory", None), "estimate", None)

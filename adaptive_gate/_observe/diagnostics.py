@@ -20,6 +20,7 @@ this is arithmetic on observations: the caller passes the time in, so tests repl
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -43,6 +44,7 @@ CODES = (
     "fragmentation",
     "shared_gpu",
     "limit_at_minimum",
+    "limit_at_maximum",
     "probe_failing",
     "batcher_without_its_controller",
 )
@@ -92,7 +94,8 @@ class Diagnostics:
       enough, must grow by the larger of the two (bytes, or that fraction of the card) to be a leak.
     * `fragmentation_fraction=0.2`, `fragmentation_for_s=10`: reserved minus allocated above this
       fraction of the card for this long.
-    * `stuck_for_s=60`: the limit at `min_limit` with requests waiting, this long.
+    * `stuck_for_s=60`: the limit at `min_limit` with requests waiting, this long; or at `max_limit` where the
+      card has room for more.
     * `probe_errors=5`: this many failed probe readings in a row.
     """
 
@@ -137,6 +140,7 @@ class Diagnostics:
         self._idle: deque[tuple[float, int]] = deque()
         self._fragmented_since_s: float | None = None
         self._stuck_since_s: float | None = None
+        self._capped_since_s: float | None = None
 
     # -- what the gate reports ------------------------------------------------------------------
 
@@ -203,10 +207,20 @@ class Diagnostics:
         self._watch_processes(now_s, sample)
 
     def on_tick(
-        self, now_s: float, *, limit: int, min_limit: int, max_limit: int, queued: int, probe_errors_in_row: int
+        self,
+        now_s: float,
+        *,
+        limit: int,
+        min_limit: int,
+        max_limit: int,
+        queued: int,
+        probe_errors_in_row: int,
+        room: float | None = None,
     ) -> None:
-        """Once a second: the states that last."""
+        """Once a second: the states that last. `room`: the slots the card has room for by the controller's
+        model of its memory, where it has one."""
         self._watch_limit(now_s, limit, min_limit, max_limit, queued)
+        self._watch_cap(now_s, limit, min_limit, max_limit, queued, room)
         if probe_errors_in_row >= self.probe_errors:
             self._raise(
                 now_s,
@@ -328,6 +342,30 @@ class Diagnostics:
                 "while requests wait",
                 "see controller.memory_model and limit_changes in the status: a request needs most of the card, "
                 "a neighbour holds it, or OOMs keep cutting; a bigger card, smaller inputs, or more replicas",
+            )
+
+    def _watch_cap(
+        self, now_s: float, limit: int, min_limit: int, max_limit: int, queued: int, room: float | None
+    ) -> None:
+        """The limit held at `max_limit` while requests wait and the card has room for a slot more at least:
+        a unit of `cost` far below a typical request (tokens, not tokens / 512) fills the default 64 slots with
+        a fraction of the card, and nothing else says so."""
+        if limit < max_limit or min_limit == max_limit or room is None or room < max_limit + 1:
+            self._capped_since_s = None
+            self._clear("limit_at_maximum")
+            return
+        if queued == 0:
+            return  # no demand: nothing is held back, but a lull clears nothing either
+        if self._capped_since_s is None:
+            self._capped_since_s = now_s
+        if now_s - self._capped_since_s >= self.stuck_for_s:
+            self._raise(
+                now_s,
+                "limit_at_maximum",
+                f"the limit has stayed at max_limit={max_limit} for {now_s - self._capped_since_s:.0f} s while "
+                f"requests wait, and the card has room for {math.floor(room)} slots",
+                "raise max_limit; or, where requests come with a `cost`, count it in larger units, so that a typical "
+                "request weighs about 1 (tokens / 512, not tokens): max_limit counts the same slots",
             )
 
     # -- bookkeeping ----------------------------------------------------------------------------
