@@ -13,6 +13,7 @@ this is arithmetic on observations: the caller passes the time in, so tests repl
 | `fragmentation` | PyTorch's reserved memory stays far above what its tensors hold |
 | `shared_gpu` | more than one process holds memory on the device |
 | `limit_at_minimum` | the limit sits at `min_limit` while requests wait |
+| `limit_at_maximum` | the limit sits at `max_limit` while requests wait and the card has room for more |
 | `probe_failing` | the memory probe keeps failing |
 | `batcher_without_its_controller` | a batcher runs behind the gate, whose limit is not the batcher's |
 """
