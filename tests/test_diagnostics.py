@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 import anyio
@@ -184,34 +185,34 @@ def test_a_limit_held_at_the_maximum_beside_room_for_more_is_said() -> None:
     diagnostics = Diagnostics()
     capped = {"limit": 64, "min_limit": 1, "max_limit": 64, "probe_errors_in_row": 0}
     for t in range(0, 59):
-        diagnostics.on_tick(float(t), queued=3, room=256.0, **capped)
-    diagnostics.on_tick(59.5, queued=0, room=256.0, **capped)  # a lull does not reset it, nor raise it
+        diagnostics.on_tick(float(t), queued=3, fits=256, **capped)
+    diagnostics.on_tick(59.5, queued=0, fits=256, **capped)  # a lull does not reset it, nor raise it
     assert active(diagnostics) == set()
-    diagnostics.on_tick(60.0, queued=2, room=256.9, **capped)
+    diagnostics.on_tick(60.0, queued=2, fits=256, **capped)
     assert active(diagnostics) == {"limit_at_maximum"}
     said = finding(diagnostics, "limit_at_maximum")
     assert "max_limit=64 for 60 s" in str(said["message"]) and "room for 256 slots" in str(said["message"])
     assert "raise max_limit" in str(said["advice"])
-    diagnostics.on_tick(61.0, queued=2, room=64.5, **capped)  # no room for a slot more: the limit is the card's
+    diagnostics.on_tick(61.0, queued=2, fits=64, **capped)  # no room for a slot more: the limit is the card's
     assert active(diagnostics) == set()
 
 
 @pytest.mark.parametrize(
-    ("limit", "min_limit", "room"),
+    ("limit", "min_limit", "fits"),
     [
-        (63, 1, 256.0),  # below the maximum: the controller holds it there, not max_limit
-        (64, 64, 256.0),  # pinned: the operator's choice
+        (63, 1, 256),  # below the maximum: the controller holds it there, not max_limit
+        (64, 64, 256),  # pinned: the operator's choice
         (64, 1, None),  # no model of the card's memory (a `Fixed`, no probe): nothing to compare with
-        (64, 1, 64.9),  # room for less than a slot more
+        (64, 1, 64),  # no slot more fits
     ],
 )
 def test_a_limit_at_the_maximum_is_not_said_where_nothing_is_held_back(
-    limit: int, min_limit: int, room: float | None
+    limit: int, min_limit: int, fits: int | None
 ) -> None:
     diagnostics = Diagnostics(stuck_for_s=1)
     for t in range(0, 10):
         diagnostics.on_tick(
-            float(t), limit=limit, min_limit=min_limit, max_limit=64, queued=5, probe_errors_in_row=0, room=room
+            float(t), limit=limit, min_limit=min_limit, max_limit=64, queued=5, probe_errors_in_row=0, fits=fits
         )
     assert active(diagnostics) == set()
 
@@ -297,6 +298,36 @@ async def test_the_gate_sees_other_processes_on_its_card(caplog: pytest.LogCaptu
     assert [f["code"] for f in status["findings"]] == ["shared_gpu"]
     assert status["memory"]["process_count"] == 3
     assert len([r for r in caplog.records if "shared_gpu" in r.getMessage()]) == 1
+
+
+def test_what_fits_is_the_model_s_level_with_room_for_a_mix_s_large_ones() -> None:
+    from adaptive_gate import AIMD
+    from adaptive_gate._gate.core import GateCore
+    from adaptive_gate.simulation import Phase, simulate
+
+    def mix(rng: random.Random) -> int:
+        return int(rng.choice([0.25, 0.25, 0.25, 2.0]) * GiB)
+
+    controller = AIMD()
+    simulate(
+        [Phase(0, 400, mix, 0.2)], total_bytes=24 * GiB, baseline_bytes=4 * GiB, duration_s=20,
+        controller=controller, max_limit=23, seed=2,
+    )  # fmt: skip
+    memory = controller.memory
+    assert memory.is_mix()
+    room = memory.room()
+    assert room is not None and room >= 24  # in mean requests: a slot more than max_limit...
+    bounds = {"min_limit": 1, "initial_limit": None, "max_queue": 8, "max_retry_after_s": 60}
+    fits = GateCore(controller, max_limit=23, **bounds).fits(controller._now_s)
+    assert fits == memory.cap(controller._now_s) and fits is not None and fits <= 23  # ...but no more fit
+
+    class Bookkeeping:  # a custom controller's own `memory`, of another kind
+        cap = 12.5
+
+    class Own(Fixed):
+        memory = Bookkeeping()
+
+    assert GateCore(Own(4), max_limit=4, **bounds).fits(0.0) is None
 
 
 @pytest.mark.anyio

@@ -540,11 +540,13 @@ class GateCore(CoreSnapshot):
             self._reshape_excess -= self.cost_shape.again(slots) - slots
         self._apply_limit(now_s)  # what it was worth beyond its slots is free again
 
-    def room(self) -> float | None:
-        """The slots the card has room for under its target by the controller's model of its memory, or None
-        where the controller has no such model or it knows no request's bytes yet (for the diagnostics)."""
-        room = getattr(getattr(self.controller, "memory", None), "room", None)
-        return None if room is None else room()
+    def fits(self, now_s: float) -> int | None:
+        """How many slots fit on the card now by the controller's model of its memory, before the bounds
+        (`MemoryModel.cap`: in a mix, with room for its large ones), or None where the controller has no such
+        model or it knows no request's bytes yet (for the diagnostics)."""
+        cap = getattr(getattr(self.controller, "memory", None), "cap", None)
+        level = cap(now_s) if callable(cap) else None
+        return level if isinstance(level, int) and not isinstance(level, bool) else None
 
     def _others_bytes(self) -> float | None:
         """The others' bytes (weights, neighbours) as the controller's memory model holds them, or None."""

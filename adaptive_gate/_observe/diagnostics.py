@@ -13,7 +13,7 @@ this is arithmetic on observations: the caller passes the time in, so tests repl
 | `fragmentation` | PyTorch's reserved memory stays far above what its tensors hold |
 | `shared_gpu` | more than one process holds memory on the device |
 | `limit_at_minimum` | the limit sits at `min_limit` while requests wait |
-| `limit_at_maximum` | the limit sits at `max_limit` while requests wait and the card has room for more |
+| `limit_at_maximum` | the limit sits at `max_limit` while requests wait and more fit on the card |
 | `probe_failing` | the memory probe keeps failing |
 | `batcher_without_its_controller` | a batcher runs behind the gate, whose limit is not the batcher's |
 """
@@ -21,7 +21,6 @@ this is arithmetic on observations: the caller passes the time in, so tests repl
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections import deque
@@ -95,8 +94,8 @@ class Diagnostics:
       enough, must grow by the larger of the two (bytes, or that fraction of the card) to be a leak.
     * `fragmentation_fraction=0.2`, `fragmentation_for_s=10`: reserved minus allocated above this
       fraction of the card for this long.
-    * `stuck_for_s=60`: the limit at `min_limit` with requests waiting, this long; or at `max_limit` where the
-      card has room for more.
+    * `stuck_for_s=60`: the limit at `min_limit` with requests waiting, this long; or at `max_limit` where more
+      fit on the card.
     * `probe_errors=5`: this many failed probe readings in a row.
     """
 
@@ -216,12 +215,12 @@ class Diagnostics:
         max_limit: int,
         queued: int,
         probe_errors_in_row: int,
-        room: float | None = None,
+        fits: int | None = None,
     ) -> None:
-        """Once a second: the states that last. `room`: the slots the card has room for by the controller's
+        """Once a second: the states that last. `fits`: how many slots fit on the card by the controller's
         model of its memory, where it has one."""
         self._watch_limit(now_s, limit, min_limit, max_limit, queued)
-        self._watch_cap(now_s, limit, min_limit, max_limit, queued, room)
+        self._watch_cap(now_s, limit, min_limit, max_limit, queued, fits)
         if probe_errors_in_row >= self.probe_errors:
             self._raise(
                 now_s,
@@ -346,12 +345,12 @@ class Diagnostics:
             )
 
     def _watch_cap(
-        self, now_s: float, limit: int, min_limit: int, max_limit: int, queued: int, room: float | None
+        self, now_s: float, limit: int, min_limit: int, max_limit: int, queued: int, fits: int | None
     ) -> None:
         """The limit held at `max_limit` while requests wait and the card has room for a slot more at least:
         a unit of `cost` far below a typical request (tokens, not tokens / 512) fills the default 64 slots with
         a fraction of the card, and nothing else says so."""
-        if limit < max_limit or min_limit == max_limit or room is None or room < max_limit + 1:
+        if limit < max_limit or min_limit == max_limit or fits is None or fits <= max_limit:
             self._capped_since_s = None
             self._clear("limit_at_maximum")
             return
@@ -364,7 +363,7 @@ class Diagnostics:
                 now_s,
                 "limit_at_maximum",
                 f"the limit has stayed at max_limit={max_limit} for {now_s - self._capped_since_s:.0f} s while "
-                f"requests wait, and the card has room for {math.floor(room)} slots",
+                f"requests wait, and the card has room for {fits} slots",
                 "raise max_limit; or, where requests come with a `cost`, count it in larger units, so that a typical "
                 "request weighs about 1 (tokens / 512, not tokens): max_limit counts the same slots",
             )

@@ -95,7 +95,7 @@ class Watch:
         min_limit: int,
         max_limit: int,
         probe_errors_in_row: int,
-        room: float | None = None,
+        fits: int | None = None,
     ) -> None:
         self.loop_lag_s = lag_s
         if lag_s >= self.diagnostics.loop_stall_s:
@@ -117,7 +117,7 @@ class Watch:
                 max_limit=max_limit,
                 queued=limiter.queued,
                 probe_errors_in_row=probe_errors_in_row,
-                room=room,
+                fits=fits,
             )
 
     def _routes_since(self, since_s: float) -> list[tuple[str, bool]]:
