@@ -177,6 +177,8 @@ async def test_put_limits_pins_and_bounds_the_limit_at_run_time() -> None:
         b'{"pin": 2, "max_limit": 4}',
         b'{"min_limit": 6, "max_limit": 3}',
         b'{"limit": 3}',
+        b'{"max_limit": 9}',  # above the configured 8: the controller never asks for more, so nothing would change
+        b'{"min_limit": 2, "max_limit": 20}',
     ],
 )
 async def test_put_limits_refuses_nonsense_and_changes_nothing(body: bytes) -> None:

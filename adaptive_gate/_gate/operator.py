@@ -4,7 +4,9 @@ The controller keeps learning underneath; the gate clamps its answer into the op
 A pin is bounds of one value. `{"pin": null}` gives the bounds back to the configuration.
 
     {"pin": 4}                          run exactly 4 at once
-    {"min_limit": 2, "max_limit": 8}    stay within [2, 8] (either key alone keeps the other as configured)
+    {"min_limit": 2, "max_limit": 8}    stay within [2, 8] (either key alone keeps the other as configured; a
+                                        max_limit above the configured one is refused: the controller
+                                        learns within that, and only a pin goes past it)
     {"pin": null}                       back to the configured bounds
 """
 
@@ -64,6 +66,12 @@ def parse_limits(body: object, *, configured_min: int, configured_max: int) -> O
         return OperatorBounds(pin, pin)
     low = _limit("min_limit", body["min_limit"]) if "min_limit" in body else configured_min
     high = _limit("max_limit", body["max_limit"]) if "max_limit" in body else configured_max
+    if high > configured_max:
+        # The controller learns within the configured bounds: wider bounds would change nothing
+        raise LimitsError(
+            f"max_limit {high} is above the configured max_limit {configured_max}, which the controller learns "
+            f'within: restart with a larger max_limit, or pin the limit ({{"pin": {high}}})'
+        )
     if low > high:
         raise LimitsError(f"min_limit {low} is above max_limit {high}")
     return OperatorBounds(low, high)
