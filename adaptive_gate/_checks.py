@@ -86,6 +86,9 @@ def check_probe(probe: object) -> object:
         return probe
     if isinstance(probe, str):
         raise ValueError(f"probe must be 'auto', None or an object with sample(), got {probe!r}")
+    if isinstance(probe, type):
+        name = probe.__name__
+        raise TypeError(f"probe must be an instance, not the class: probe={name}(...), not probe={name}")
     if not callable(getattr(probe, "sample", None)):
         raise TypeError(f"probe must have a sample() method returning a MemorySample, got {probe!r}")
     return probe

@@ -63,6 +63,8 @@ def simulate(
     check_number("start_delay_s", start_delay_s, finite=True)  # an endless delay would hold its slot for good
     check_seconds("queue_timeout_s", queue_timeout_s)
     check_seconds("crash_s", crash_s)
+    if isinstance(knee, bool) or not isinstance(knee, int | float):
+        raise TypeError(f"knee must be a number of requests at full speed (math.inf: no knee), got {knee!r}")
     if not knee > 0:  # NaN too
         raise ValueError(f"knee must be > 0 requests at full speed (math.inf: no knee), got {knee!r}")
     if not 0 <= oom_after_fraction <= 1:

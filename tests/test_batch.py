@@ -485,6 +485,21 @@ async def test_a_cost_out_of_range_fails_that_caller_and_leaves_the_batcher_whol
     assert echo.statistics().items == 3 and echo.gate_controller().limit >= 1
 
 
+async def test_a_cost_may_be_any_real_number_as_the_gate_s_cost_hook_takes() -> None:
+    from fractions import Fraction
+
+    gpu = SimulatedGPU(1 * GiB)
+    told: dict[int, object] = {1: Fraction(3, 2), 2: 2, 3: "3"}  # a numpy scalar (np.prod(shape)) is a Real too
+
+    @batch(probe=gpu, max_wait_s=0.0, cost=lambda item: told[item])
+    def echo(items: list[int]) -> list[int]:
+        return items
+
+    assert [await echo(1), await echo(2)] == [1, 2]
+    with pytest.raises(ValueError, match=r"cost\(item\) must return a number in .* got '3' for 3"):
+        await echo(3)
+
+
 async def test_with_a_cost_the_batch_is_bounded_by_units_that_fit() -> None:
     gpu = SimulatedGPU(1 * GiB)
     units_run: list[float] = []

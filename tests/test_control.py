@@ -1140,6 +1140,18 @@ def test_bad_knobs(kwargs: dict[str, float], match: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
+        ({"oom_hold_s": "30"}, "oom_hold_s must be a number of seconds, got str '30'"),  # was: '<=' not supported
+        ({"slow_start": "no"}, "slow_start must be True or False, got 'no'"),  # was: read as True
+    ],
+)
+def test_knobs_of_the_wrong_type(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        AIMD(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
         ({"target_utilisation": 0}, "target_utilisation"),
         ({"target_utilisation": 1.5}, "target_utilisation"),
         ({"target_utilisation": math.nan}, "target_utilisation"),

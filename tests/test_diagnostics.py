@@ -242,6 +242,10 @@ def test_thresholds_are_checked() -> None:
         Diagnostics(probe_errors=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="stuck_for_s must be >= 0 seconds"):
         Diagnostics(stuck_for_s=-1)
+    with pytest.raises(ValueError, match=r"long_stall_s \(0.5\) must be >= loop_stall_s \(1\)"):
+        Diagnostics(loop_stall_s=1, long_stall_s=0.5)  # every stall would have been a long one
+    with pytest.raises(TypeError, match="wall_clock must be a callable"):
+        Diagnostics(wall_clock=None)  # type: ignore[arg-type]  # it failed at the first finding, not here
 
 
 # -- through the gate ------------------------------------------------------------------------------------

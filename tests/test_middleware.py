@@ -402,6 +402,8 @@ async def test_status_path_can_move_or_go() -> None:
         ({"probe": "nvml"}, ValueError, "probe must be 'auto', None"),
         ({"probe": object()}, TypeError, "probe must have a sample"),
         ({"controller": object()}, TypeError, "controller must implement"),
+        ({"controller": AIMD}, TypeError, r"controller must be an instance, not the class: controller=AIMD\(\)"),
+        ({"probe": SimulatedGPU}, TypeError, r"probe must be an instance, not the class: probe=SimulatedGPU\(...\)"),
         ({"status_path": "status"}, ValueError, "status_path must be a path"),
         ({"sample_period": 0}, ValueError, "sample_period must be > 0"),
     ],

@@ -3,6 +3,7 @@ fake clock (the core) or through the middleware where the wire matters (headers,
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -434,6 +435,30 @@ def test_a_priority_callable_that_raises_counts_as_zero() -> None:
     assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("9" * 4000))) == 100
     assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("-1234567"))) == -100
     assert Classifier("x-priority", None).priority(http_scope("/w", headers=headers("12a"))) == 0
+
+
+def test_a_priority_callable_may_answer_any_whole_number_and_a_wrong_answer_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fractions import Fraction
+
+    from adaptive_gate._http.classify import Classifier
+
+    scope = http_scope("/work")
+    for whole, read in [(Fraction(6, 2), 3), (7.0, 7), (-250.0, -100)]:  # a numpy integer is a Real as these are
+        assert Classifier(lambda _, whole=whole: whole, None).priority(scope) == read
+    with caplog.at_level(logging.WARNING, logger="adaptive_gate"):
+        halves = Classifier(lambda _: 2.5, lambda _: 42)
+        assert [halves.classify(scope) for _ in range(3)] == [(0, None)] * 3
+        broken = Classifier(lambda _: {}["x"], None)
+        assert [broken.priority(scope) for _ in range(3)] == [0] * 3
+        silent = Classifier(lambda _: None, "x-tenant")  # none to say, and a header's value is the client's
+        assert silent.classify(http_scope("/w", headers=headers(tenant=""))) == (0, None)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 3, said
+    assert "priority callable answered 2.5, not a whole number" in said[0]
+    assert "tenant callable answered 42, not a str" in said[1]
+    assert "priority callable raised KeyError" in said[2]
 
 
 # -- the core's books, with classes and the controlled delay ---------------------------------------

@@ -201,6 +201,18 @@ def test_bad_arguments(kwargs: dict[str, float], match: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"fragmentation": "0.1"}, r"fragmentation must be a number in \[0, 1\), got str"),  # was: '<=' not supported
+        ({"knee": None}, r"knee must be a number \(math.inf: no contention\), got NoneType"),
+    ],
+)
+def test_arguments_of_the_wrong_type(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        SimulatedGPU(GiB, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
     ("call", "match"),
     [
         (lambda gpu: gpu.allocate(1.5), "nbytes must be a whole number"),

@@ -15,6 +15,8 @@ importable without the async layer; so do the checks of `batch()`'s options and 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -149,9 +151,11 @@ def check_options(max_wait_s: object, max_batch_size: object, probe: object, cos
 
 def check_units(units: object, item: object) -> float:
     """What `cost(item)` answered, if it is a number of units the policy can count with."""
-    if isinstance(units, bool) or not isinstance(units, int | float) or not MIN_UNITS <= units <= MAX_UNITS:
+    # Any real number (a numpy scalar: `np.prod(image.shape)`), as the gate's own cost hook takes
+    value = float(units) if isinstance(units, numbers.Real) and not isinstance(units, bool) else math.nan
+    if not MIN_UNITS <= value <= MAX_UNITS:
         raise ValueError(
             f"cost(item) must return a number in [{MIN_UNITS:g}, 2**40] (units of cost: pixels, tokens), "
             f"got {units!r} for {item!r}"
         )
-    return float(units)
+    return value

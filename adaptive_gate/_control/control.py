@@ -145,8 +145,12 @@ class AIMD(_Bounds):
         if isinstance(increase_step, bool) or not isinstance(increase_step, int) or increase_step < 1:
             raise ValueError(f"increase_step must be an int >= 1, got {increase_step!r}")
         self.increase_step = increase_step
-        self.slow_start = bool(slow_start)
+        if not isinstance(slow_start, bool):
+            raise TypeError(f"slow_start must be True or False, got {slow_start!r}")  # "no" read as True
+        self.slow_start = slow_start
         self.oom_backoff = check_fraction("oom_backoff", oom_backoff, high=0.99)
+        if isinstance(oom_hold_s, bool) or not isinstance(oom_hold_s, int | float):
+            raise TypeError(f"oom_hold_s must be a number of seconds, got {type(oom_hold_s).__name__} {oom_hold_s!r}")
         if not 0 <= oom_hold_s <= MAX_OOM_HOLD_S:  # NaN too
             raise ValueError(f"oom_hold_s must be within [0, {MAX_OOM_HOLD_S:g}] seconds, got {oom_hold_s}")
         self.oom_hold_s = float(oom_hold_s)

@@ -69,9 +69,16 @@ class GateCore(CoreSnapshot):
         `queue_target_s`: the delay above which the queue stands (None: the routes' service time)."""
         if overload not in OVERLOAD_MODES:
             raise ValueError(f"overload must be one of {', '.join(OVERLOAD_MODES)}; got {overload!r}")
+        if isinstance(controller, type):
+            name = controller.__name__
+            raise TypeError(
+                f"controller must be an instance, not the class: controller={name}(), not controller={name}"
+            )
         if not isinstance(controller, Controller):
             raise TypeError(f"controller must implement adaptive_gate.control.Controller, got {controller!r}")
         check_int("max_limit", max_limit, check_int("min_limit", min_limit, 1))  # for whoever builds the core
+        if initial_limit is not None:
+            check_int("initial_limit", initial_limit, min_limit, max_limit)
         controller.bind(min_limit=min_limit, max_limit=max_limit, initial_limit=initial_limit)
         self.controller = controller
         self.min_limit, self.max_limit = min_limit, max_limit

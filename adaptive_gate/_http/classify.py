@@ -3,13 +3,18 @@
 Each option is `None` (nothing to read: every request is priority 0 and tenant None), a header
 name, or a callable given the ASGI scope. A request is never failed for what it says about
 itself: a header that is not an integer, or a callable that raises or answers something else,
-counts as priority 0 (or no tenant). Priorities are clamped into `[PRIORITY_MIN, PRIORITY_MAX]`
-and tenant names cut to `MAX_TENANT_CHARS`, so what a client sends cannot grow the gate's tables.
+counts as priority 0 (or no tenant). A callable's answer is the app's own code, not a client's:
+any whole number will do for a priority (a numpy integer, 3.0), and the first time it raises or
+answers something else (a tenant that is not a str: an id as a number is no name) is logged as a
+warning, since every such request counts as unclassified. Priorities are clamped into
+`[PRIORITY_MIN, PRIORITY_MAX]` and tenant names cut to `MAX_TENANT_CHARS`, so what a client sends
+cannot grow the gate's tables.
 """
 
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -33,12 +38,13 @@ class Classifier:
         self._priority_call: Callable[[Scope], Any] | None = None if isinstance(priority, str) else priority  # type: ignore[assignment]
         self._tenant_header = tenant.encode("latin-1") if isinstance(tenant, str) else None
         self._tenant_call: Callable[[Scope], Any] | None = None if isinstance(tenant, str) else tenant  # type: ignore[assignment]
+        self._warned: set[str] = set()  # the callables whose answer was already warned of
 
     def classify(self, scope: Scope) -> tuple[int, str | None]:
         return self.priority(scope), self.tenant(scope)
 
     def priority(self, scope: Scope) -> int:
-        value = _read(scope, self._priority_header, self._priority_call, "priority")
+        value = self._read(scope, self._priority_header, self._priority_call, "priority")
         if isinstance(value, bytes):
             text = value.strip()
             negative = text.startswith(b"-")
@@ -48,26 +54,65 @@ class Classifier:
             if len(digits) > 6:  # past either bound whatever the digits: clamped without converting them
                 return PRIORITY_MIN if negative else PRIORITY_MAX
             value = -int(digits) if negative else int(digits)
-        if isinstance(value, bool) or not isinstance(value, int):
+        whole = _whole(value)
+        if whole is None:
+            if value is not None:
+                self._wrong("priority", value, "a whole number")
             return 0
-        return min(PRIORITY_MAX, max(PRIORITY_MIN, value))
+        return min(PRIORITY_MAX, max(PRIORITY_MIN, whole))
 
     def tenant(self, scope: Scope) -> str | None:
-        value = _read(scope, self._tenant_header, self._tenant_call, "tenant")
+        value = self._read(scope, self._tenant_header, self._tenant_call, "tenant")
         if isinstance(value, bytes):
             value = value.decode("latin-1").strip()
         if not isinstance(value, str) or not value:
+            if value is not None and not isinstance(value, str):
+                self._wrong("tenant", value, "a str")
             return None
         return value[:MAX_TENANT_CHARS]
 
+    def _read(self, scope: Scope, header: bytes | None, call: Callable[[Scope], Any] | None, what: str) -> object:
+        """The raw value: the header's bytes, or what the callable answered (None: none, or it raised)."""
+        if header is not None:
+            return _header(scope, header)
+        if call is None:
+            return None
+        try:
+            return call(scope)
+        except Exception as error:  # the request is served as unclassified rather than failed for it
+            if what not in self._warned:
+                self._warned.add(what)
+                logger.warning(
+                    "adaptive_gate: the %s callable raised %s; the requests it raises for count as unclassified "
+                    "(logged once)",
+                    what,
+                    type(error).__name__,
+                    exc_info=True,
+                )
+            return None
 
-def _read(scope: Scope, header: bytes | None, call: Callable[[Scope], Any] | None, what: str) -> object:
-    """The raw value: the header's bytes, or what the callable answered (None: none, or it raised)."""
-    if header is not None:
-        return _header(scope, header)
-    if call is not None:
-        return _call(call, scope, what)
-    return None
+    def _wrong(self, what: str, value: object, wanted: str) -> None:
+        """A callable answered `value`, not `wanted`: said once (a header's value is the client's, never said)."""
+        if what in self._warned or (self._priority_call if what == "priority" else self._tenant_call) is None:
+            return
+        self._warned.add(what)
+        logger.warning(
+            "adaptive_gate: the %s callable answered %r, not %s or None; such requests count as unclassified "
+            "(logged once)",
+            what,
+            value,
+            wanted,
+        )
+
+
+def _whole(value: object) -> int | None:
+    """`value` as an int where it is a whole number (a numpy integer, 3.0), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    number = float(value)
+    return int(number) if number.is_integer() else None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -75,11 +120,3 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
-
-
-def _call(function: Callable[[Scope], Any], scope: Scope, what: str) -> object:
-    try:
-        return function(scope)
-    except Exception:  # the request is served as unclassified rather than failed for it
-        logger.debug("adaptive_gate: the %s callable raised; the request counts as unclassified", what, exc_info=True)
-        return None

@@ -119,6 +119,11 @@ class Diagnostics:
         self.loop_stall_s = check_seconds("loop_stall_s", loop_stall_s, allow_zero=False)
         self.stall_strikes = check_int("stall_strikes", stall_strikes, 1)
         self.long_stall_s = check_seconds("long_stall_s", long_stall_s, allow_zero=False)
+        if long_stall_s < loop_stall_s:
+            raise ValueError(
+                f"long_stall_s ({long_stall_s}) must be >= loop_stall_s ({loop_stall_s}): a stall counts from "
+                "loop_stall_s, and one of long_stall_s counts as a habit at once"
+            )
         self._stalls: dict[str, deque[float]] = {
             "blocking_call_in_async_route": deque(maxlen=stall_strikes),
             "event_loop_stalled": deque(maxlen=stall_strikes),
@@ -134,6 +139,8 @@ class Diagnostics:
         self.fragmentation_for_s = check_seconds("fragmentation_for_s", fragmentation_for_s)
         self.stuck_for_s = check_seconds("stuck_for_s", stuck_for_s)
         self.probe_errors = check_int("probe_errors", probe_errors, 1)
+        if not callable(wall_clock):
+            raise TypeError(f"wall_clock must be a callable answering seconds since the epoch, got {wall_clock!r}")
         self._wall_clock = wall_clock
         self._findings: dict[str, Finding] = {}
         # Idle readings, one per second at most: (monotonic s, bytes).

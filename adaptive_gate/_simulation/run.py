@@ -123,9 +123,9 @@ class Run:
         seed: int,
         record: bool,
     ) -> None:
-        if not phases or phases[0].start_s != 0:
+        self.phases = sorted(phases, key=lambda p: p.start_s)  # in any order, as their start says
+        if not self.phases or self.phases[0].start_s != 0:
             raise ValueError("phases must start with one at start_s=0")
-        self.phases = sorted(phases, key=lambda p: p.start_s)
         self.gpu = SimulatedGPU(total_bytes, baseline_bytes=baseline_bytes)
         self.now_s = 0.0
         self.queue_timeout_s = queue_timeout_s
@@ -229,8 +229,12 @@ class Run:
                 return
             self.schedule(self.now_s + self.random.expovariate(phase.rate_per_s), "arrival")
         assert client is None or isinstance(client, int)
-        nbytes = phase.request_bytes if isinstance(phase.request_bytes, int) else phase.request_bytes(self.random)
-        work_s = phase.work_s if isinstance(phase.work_s, int | float) else phase.work_s(self.random)
+        nbytes = phase.request_bytes
+        if not isinstance(nbytes, int):  # a draw: checked as each comes (a NaN of work ran as none)
+            nbytes = check_bytes("Phase.request_bytes's draw", nbytes(self.random))
+        work_s = phase.work_s
+        if not isinstance(work_s, int | float):
+            work_s = check_number("Phase.work_s's draw (seconds)", work_s(self.random), finite=True)
         route = None if phase.route is None else phase.route(nbytes)
         # What it weighs before its route's weight
         requests = 1 if phase.cost is None else self.core.shaped(units_of_cost(phase.cost(nbytes)))
