@@ -146,8 +146,7 @@ class Diagnostics:
         # Idle readings, one per second at most: (monotonic s, bytes).
         self._idle: deque[tuple[float, int]] = deque()
         self._fragmented_since_s: float | None = None
-        self._stuck_since_s: float | None = None
-        self._capped_since_s: float | None = None
+        self._held_since_s: dict[str, float] = {}  # since when the limit was held at a bound with demand, by code
 
     # -- what the gate reports ------------------------------------------------------------------
 
@@ -333,47 +332,48 @@ class Diagnostics:
             self._clear("shared_gpu")
 
     def _watch_limit(self, now_s: float, limit: int, min_limit: int, max_limit: int, queued: int) -> None:
-        if limit > min_limit or min_limit == max_limit:
-            self._stuck_since_s = None
-            self._clear("limit_at_minimum")
-            return
-        if queued == 0:
-            return  # no demand: at the minimum by choice, not stuck; but not cleared by a lull either
-        if self._stuck_since_s is None:
-            self._stuck_since_s = now_s
-        if now_s - self._stuck_since_s >= self.stuck_for_s:
-            self._raise(
-                now_s,
-                "limit_at_minimum",
-                f"the limit has stayed at min_limit={min_limit} for {now_s - self._stuck_since_s:.0f} s "
-                "while requests wait",
+        def say(for_s: float) -> tuple[str, str]:
+            return (
+                f"the limit has stayed at min_limit={min_limit} for {for_s:.0f} s while requests wait",
                 "see controller.memory_model and limit_changes in the status: a request needs most of the card, "
                 "a neighbour holds it, or OOMs keep cutting; a bigger card, smaller inputs, or more replicas",
             )
 
+        self._watch_held(now_s, "limit_at_minimum", limit <= min_limit < max_limit, queued, say)
+
     def _watch_cap(
         self, now_s: float, limit: int, min_limit: int, max_limit: int, queued: int, fits: int | None
     ) -> None:
-        """The limit held at `max_limit` while requests wait and the card has room for a slot more at least:
-        a unit of `cost` far below a typical request (tokens, not tokens / 512) fills the default 64 slots with
-        a fraction of the card, and nothing else says so."""
-        if limit < max_limit or min_limit == max_limit or fits is None or fits <= max_limit:
-            self._capped_since_s = None
-            self._clear("limit_at_maximum")
-            return
-        if queued == 0:
-            return  # no demand: nothing is held back, but a lull clears nothing either
-        if self._capped_since_s is None:
-            self._capped_since_s = now_s
-        if now_s - self._capped_since_s >= self.stuck_for_s:
-            self._raise(
-                now_s,
-                "limit_at_maximum",
-                f"the limit has stayed at max_limit={max_limit} for {now_s - self._capped_since_s:.0f} s while "
-                f"requests wait, and the card has room for {fits} slots",
+        """The limit held at `max_limit` while requests wait and more fit on the card: a unit of `cost` far below
+        a typical request (tokens, not tokens / 512) fills the default 64 slots with a fraction of the card, and
+        nothing else says so."""
+
+        def say(for_s: float) -> tuple[str, str]:
+            return (
+                f"the limit has stayed at max_limit={max_limit} for {for_s:.0f} s while requests wait, and the card "
+                f"has room for {fits} slots",
                 "raise max_limit; or, where requests come with a `cost`, count it in larger units, so that a typical "
                 "request weighs about 1 (tokens / 512, not tokens): max_limit counts the same slots",
             )
+
+        capped = min_limit < max_limit <= limit and fits is not None and fits > max_limit
+        self._watch_held(now_s, "limit_at_maximum", capped, queued, say)
+
+    def _watch_held(
+        self, now_s: float, code: str, held: bool, queued: int, say: Callable[[float], tuple[str, str]]
+    ) -> None:
+        """A state of the limit (`held`) said once it has lasted `stuck_for_s` while requests wait (`say`: its
+        message and advice, from how long), and cleared as soon as it ends; a lull, nothing queued, neither
+        says nor clears it (at a bound by choice, not held there)."""
+        if not held:
+            self._held_since_s.pop(code, None)
+            self._clear(code)
+            return
+        if queued == 0:
+            return
+        since_s = self._held_since_s.setdefault(code, now_s)
+        if now_s - since_s >= self.stuck_for_s:
+            self._raise(now_s, code, *say(now_s - since_s))
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
