@@ -13,6 +13,7 @@ from adaptive_gate import AIMD, Fixed, MemorySample
 from adaptive_gate._control.memory_model import RELIEF_READINGS
 from adaptive_gate.control import Controller, MemoryModel
 from adaptive_gate.memory_model import MemoryEstimate
+from adaptive_gate.simulation import Phase, simulate
 
 GiB = 2**30
 TOTAL = 24 * GiB
@@ -1121,6 +1122,19 @@ def test_a_controller_serves_one_gate() -> None:
     bound(c, max_limit=8)
     with pytest.raises(RuntimeError, match="already used by another gate"):
         bound(c, max_limit=16)
+    # With the same bounds too: a second gate, or a second simulation, started from what the first learnt
+    # (a run of a tuning loop read the card through 51 readings of the run before it) and fed it its own.
+    with pytest.raises(RuntimeError, match=r"carries what it learnt there: give each its own, controller=AIMD\(\)"):
+        bound(c, max_limit=8)
+    phases = [Phase(0.0, 20, GiB, 0.05)]
+    tuned = AIMD()
+    simulate(phases, total_bytes=8 * GiB, baseline_bytes=0, duration_s=1.0, controller=tuned)
+    with pytest.raises(RuntimeError, match="or an earlier simulate run"):
+        simulate(phases, total_bytes=8 * GiB, baseline_bytes=0, duration_s=1.0, controller=tuned)
+    fixed = Fixed(3)  # nothing learnt: a fixed limit may be reused
+    bound(fixed, max_limit=8)
+    bound(fixed, max_limit=8)
+    assert fixed.limit == 3
 
 
 @pytest.mark.parametrize(

@@ -216,6 +216,13 @@ class AIMD(_Bounds):
         return max(float(self._limit), ceiling)
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
+        if self._bound:
+            # What it learnt is one card's, seen through one gate: a second gate (or a second `simulate` run)
+            # would start from it and feed it another's readings.
+            raise RuntimeError(
+                "this AIMD is already used by another gate (or an earlier simulate run), and carries what it "
+                "learnt there: give each its own, controller=AIMD()"
+            )
         self._bind_bounds(min_limit, max_limit)
         self._aimd_limit = self._clamp(min_limit if initial_limit is None else initial_limit)
         self._update("start")
