@@ -360,7 +360,9 @@ async def test_a_reading_on_demand_leaves_the_periodic_readings_and_their_schedu
     assert all(sample == MemorySample(1 * GiB, 8 * GiB) for sample in on_demand)
     # At most one periodic reading a (shortest) period, however many came on demand meanwhile.
     assert periodic <= elapsed_s / ((1 - JITTER_SHARE) * 0.05) + 1, (periodic, elapsed_s)
-    assert probe.calls == len(handed) + len(on_demand)
+    # One call of the probe a reading, on demand or periodic; a periodic one under way as the sampler stopped
+    # is handed to nobody (once in CI: 106 calls for 5 handed and 100 on demand).
+    assert len(handed) + len(on_demand) <= probe.calls <= len(handed) + len(on_demand) + 1
 
 
 async def test_a_reading_on_demand_is_none_at_once_where_the_sampler_does_not_run_on_the_callers_loop() -> None:
