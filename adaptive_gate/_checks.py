@@ -27,11 +27,17 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return value
 
 
+def check_real(name: str, value: object, what: str = "a number") -> float:
+    """An int or a float (not a bool, not a numeric string), or a TypeError saying it must be `what`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+    return value
+
+
 def check_number(name: str, value: object, *, allow_zero: bool = True, finite: bool = False, unit: str = "") -> float:
     """A number >= 0 (> 0 unless `allow_zero`), never NaN; where `finite`, never infinite either (a run
     of endless seconds, or readings every 0 s, never ends). `unit` names what it counts, for the message."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number{f' of {unit}' if unit else ''}, got {type(value).__name__} {value!r}")
+    value = check_real(name, value, f"a number{f' of {unit}' if unit else ''}")
     if math.isnan(value) or value < 0 or (value == 0 and not allow_zero) or (finite and value == math.inf):
         bound = f"{'a finite number ' if finite else ''}{'>= 0' if allow_zero else '> 0'}{f' {unit}' if unit else ''}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
@@ -56,9 +62,7 @@ def check_bytes(name: str, value: object) -> int:
 
 
 def check_fraction(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not low < value <= high:
+    if not low < check_real(name, value) <= high:
         raise ValueError(f"{name} must be in ({low}, {high}], got {value}")
     return float(value)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from ._checks import check_int, check_number, check_seconds
+from ._checks import check_int, check_number, check_real, check_seconds
 from ._control.control import AIMD, Controller
 from ._gate.core import GateCore
 from ._simulation.run import CLIENT_PAUSE_S, Phase, Run, SimulationResult
@@ -63,9 +63,7 @@ def simulate(
     check_number("start_delay_s", start_delay_s, finite=True)  # an endless delay would hold its slot for good
     check_seconds("queue_timeout_s", queue_timeout_s)
     check_seconds("crash_s", crash_s)
-    if isinstance(knee, bool) or not isinstance(knee, int | float):
-        raise TypeError(f"knee must be a number of requests at full speed (math.inf: no knee), got {knee!r}")
-    if not knee > 0:  # NaN too
+    if not check_real("knee", knee, "a number of requests at full speed (math.inf: no knee)") > 0:  # NaN too
         raise ValueError(f"knee must be > 0 requests at full speed (math.inf: no knee), got {knee!r}")
     if not 0 <= oom_after_fraction <= 1:
         raise ValueError(f"oom_after_fraction must be within [0, 1] of a request's work, got {oom_after_fraction!r}")

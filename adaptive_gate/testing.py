@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from ._checks import check_bytes, check_int, check_number
+from ._checks import check_bytes, check_int, check_number, check_real
 from .memory import MemorySample
 
 __all__ = ["Allocation", "SimulatedGPU", "SimulatedOutOfMemoryError"]
@@ -95,13 +95,9 @@ class SimulatedGPU:
             raise ValueError("total_bytes must be > 0, got 0")
         if baseline_bytes > total_bytes:
             raise ValueError(f"baseline_bytes must be within [0, total_bytes], got {baseline_bytes}")
-        if isinstance(fragmentation, bool) or not isinstance(fragmentation, int | float):
-            raise TypeError(f"fragmentation must be a number in [0, 1), got {type(fragmentation).__name__}")
-        if not 0.0 <= fragmentation < 1.0:  # NaN too
+        if not 0.0 <= check_real("fragmentation", fragmentation, "a number in [0, 1)") < 1.0:  # NaN too
             raise ValueError(f"fragmentation must be in [0, 1), got {fragmentation}")
-        if isinstance(knee, bool) or not isinstance(knee, int | float):
-            raise TypeError(f"knee must be a number (math.inf: no contention), got {type(knee).__name__}")
-        if not knee > 0:  # NaN too
+        if not check_real("knee", knee, "a number (math.inf: no contention)") > 0:  # NaN too
             raise ValueError(f"knee must be > 0 (math.inf: no contention), got {knee}")
         self.total_bytes = total_bytes
         self.fragmentation = fragmentation

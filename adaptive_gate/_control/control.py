@@ -16,7 +16,7 @@ import math
 from functools import partialmethod
 from typing import Any, Protocol, runtime_checkable
 
-from .._checks import check_fraction
+from .._checks import check_fraction, check_real
 from ..memory import MemorySample
 from .memory_model import MemoryModel
 from .oom_states import FIT_SLACK
@@ -66,8 +66,18 @@ class _Bounds:
     min_limit = 1
     max_limit = 1
     _bound = False
+    # Whether it learns: what it learnt is one card's, seen through one gate, and a second gate (or a second
+    # `simulate` run) would start from it and feed it another's readings. One that learns nothing (`Fixed`)
+    # may serve several gates of the same bounds.
+    _learns = False
 
     def _bind_bounds(self, min_limit: int, max_limit: int) -> None:
+        if self._bound and self._learns:
+            name = type(self).__name__
+            raise RuntimeError(
+                f"this {name} is already used by another gate (or an earlier simulate run), and carries what it "
+                f"learnt there: give each its own, controller={name}()"
+            )
         if self._bound and (min_limit, max_limit) != (self.min_limit, self.max_limit):
             raise RuntimeError(
                 "this controller is already used by another gate with other bounds; give each gate its own"
@@ -133,6 +143,8 @@ class AIMD(_Bounds):
       doubled at each further OOM there, up to ten minutes (`MAX_OOM_HOLD_S`).
     """
 
+    _learns = True
+
     def __init__(
         self,
         *,
@@ -149,9 +161,7 @@ class AIMD(_Bounds):
             raise TypeError(f"slow_start must be True or False, got {slow_start!r}")  # "no" read as True
         self.slow_start = slow_start
         self.oom_backoff = check_fraction("oom_backoff", oom_backoff, high=0.99)
-        if isinstance(oom_hold_s, bool) or not isinstance(oom_hold_s, int | float):
-            raise TypeError(f"oom_hold_s must be a number of seconds, got {type(oom_hold_s).__name__} {oom_hold_s!r}")
-        if not 0 <= oom_hold_s <= MAX_OOM_HOLD_S:  # NaN too
+        if not 0 <= check_real("oom_hold_s", oom_hold_s, "a number of seconds") <= MAX_OOM_HOLD_S:  # NaN too
             raise ValueError(f"oom_hold_s must be within [0, {MAX_OOM_HOLD_S:g}] seconds, got {oom_hold_s}")
         self.oom_hold_s = float(oom_hold_s)
         if memory is not None and not isinstance(memory, MemoryModel):
@@ -216,13 +226,6 @@ class AIMD(_Bounds):
         return max(float(self._limit), ceiling)
 
     def bind(self, *, min_limit: int, max_limit: int, initial_limit: int | None) -> None:
-        if self._bound:
-            # What it learnt is one card's, seen through one gate: a second gate (or a second `simulate` run)
-            # would start from it and feed it another's readings.
-            raise RuntimeError(
-                "this AIMD is already used by another gate (or an earlier simulate run), and carries what it "
-                "learnt there: give each its own, controller=AIMD()"
-            )
         self._bind_bounds(min_limit, max_limit)
         self._aimd_limit = self._clamp(min_limit if initial_limit is None else initial_limit)
         self._update("start")

@@ -65,11 +65,10 @@ class Classifier:
         value = self._read(scope, self._tenant_header, self._tenant_call, "tenant")
         if isinstance(value, bytes):
             value = value.decode("latin-1").strip()
-        if not isinstance(value, str) or not value:
-            if value is not None and not isinstance(value, str):
-                self._wrong("tenant", value, "a str")
+        if value is not None and not isinstance(value, str):
+            self._wrong("tenant", value, "a str")
             return None
-        return value[:MAX_TENANT_CHARS]
+        return value[:MAX_TENANT_CHARS] if value else None
 
     def _read(self, scope: Scope, header: bytes | None, call: Callable[[Scope], Any] | None, what: str) -> object:
         """The raw value: the header's bytes, or what the callable answered (None: none, or it raised)."""
@@ -92,8 +91,9 @@ class Classifier:
             return None
 
     def _wrong(self, what: str, value: object, wanted: str) -> None:
-        """A callable answered `value`, not `wanted`: said once (a header's value is the client's, never said)."""
-        if what in self._warned or (self._priority_call if what == "priority" else self._tenant_call) is None:
+        """A callable answered `value`, not `wanted`: said once (a header's value is read as a number or a name,
+        never wrong: a client's, never said)."""
+        if what in self._warned:
             return
         self._warned.add(what)
         logger.warning(

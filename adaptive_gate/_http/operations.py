@@ -86,7 +86,7 @@ class Operations:
             min_limit=min_limit,
             max_limit=max_limit,
             probe_errors_in_row=core.probe.consecutive_errors,
-            fits=core.fits(now_s),
+            fits=core.fits,
         )
 
     def _abandon_stuck_sends(self, now_s: float) -> None:

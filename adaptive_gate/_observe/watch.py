@@ -95,8 +95,10 @@ class Watch:
         min_limit: int,
         max_limit: int,
         probe_errors_in_row: int,
-        fits: int | None = None,
+        fits: Callable[[float], int | None] | None = None,
     ) -> None:
+        """`fits`: how many slots fit on the card at a time, by the controller's model (`GateCore.fits`), asked
+        only at the tick that judges the states that last, once a second."""
         self.loop_lag_s = lag_s
         if lag_s >= self.diagnostics.loop_stall_s:
             self.diagnostics.on_loop_stall(now_s, lag_s, self._routes_since(now_s - lag_s - self.period_s))
@@ -117,7 +119,7 @@ class Watch:
                 max_limit=max_limit,
                 queued=limiter.queued,
                 probe_errors_in_row=probe_errors_in_row,
-                fits=fits,
+                fits=None if fits is None else fits(now_s),
             )
 
     def _routes_since(self, since_s: float) -> list[tuple[str, bool]]:
